@@ -1,0 +1,108 @@
+"""Graded exercises: the check cells of the exercise notebooks call :func:`check` and :func:`score`.
+
+In a notebook::
+
+    from companion.grading import check, score
+    ...                       # the student's function
+    check("2.1", masked_attention)
+    ...
+    score(2)                  # last cell: the total for the chapter
+
+An instructor grades a folder of submitted notebooks with
+``python -m companion.grading grade SUBMISSIONS/`` (see :mod:`.instructor`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import (
+    Case,
+    CheckFailed,
+    Exercise,
+    ExerciseResult,
+    chapter_exercises,
+    expect_tensor,
+    expect_true,
+    get_exercise,
+    register,
+    run_exercise,
+)
+
+__all__ = [
+    "check",
+    "score",
+    "grade_namespace",
+    "Case",
+    "CheckFailed",
+    "Exercise",
+    "expect_tensor",
+    "expect_true",
+    "register",
+    "get_exercise",
+    "chapter_exercises",
+    "run_exercise",
+]
+
+# Results of the check cells run in this kernel, by exercise id (a re-run replaces).
+_GRADEBOOK: dict[str, ExerciseResult] = {}
+
+
+def format_result(result: ExerciseResult) -> str:
+    ex = result.exercise
+    lines = [f"Exercise {ex.id}: {ex.title} -- {result.earned}/{result.points} points"]
+    width = max(len(c.name) for c in result.cases)
+    for c in result.cases:
+        mark = "pass" if c.passed else "FAIL"
+        lines.append(f"  [{mark}] {c.name:<{width}}  {c.earned}/{c.points}")
+        if c.message:
+            lines.append(f"         {c.message}")
+    return "\n".join(lines)
+
+
+def check(exercise_id: str, *students: Any) -> ExerciseResult:
+    """Run the checks of one exercise on your function(s) or class and print a report."""
+    exercise = get_exercise(exercise_id)
+    result = run_exercise(exercise, *students)
+    _GRADEBOOK[exercise.id] = result
+    print(format_result(result))
+    return result
+
+
+def score(chapter: int) -> tuple[int, int]:
+    """Print the table of this chapter's exercises and return ``(earned, possible)``."""
+    rows = []
+    earned = possible = 0
+    for ex in chapter_exercises(chapter):
+        res = _GRADEBOOK.get(ex.id)
+        got = res.earned if res is not None else 0
+        note = "" if res is not None else "  (check cell not run)"
+        rows.append((f"{ex.id} {ex.title}", f"{got}/{ex.points}{note}"))
+        earned += got
+        possible += ex.points
+    width = max(len(r[0]) for r in rows)
+    print(f"Chapter {chapter} score")
+    for left, right in rows:
+        print(f"  {left:<{width}}  {right}")
+    print(f"  {'total':<{width}}  {earned}/{possible}")
+    return earned, possible
+
+
+def grade_namespace(chapter: int, namespace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Grade every exercise of ``chapter`` against the objects defined in ``namespace``.
+
+    Used by the instructor's command on an executed submission: an exercise
+    whose function or class is missing from the namespace scores zero.
+    """
+    report = []
+    for ex in chapter_exercises(chapter):
+        missing = [name for name in ex.targets if name not in namespace]
+        if missing:
+            report.append({
+                "id": ex.id, "title": ex.title, "earned": 0, "points": ex.points,
+                "cases": [{"name": "defined", "earned": 0, "points": ex.points,
+                           "message": f"{', '.join(missing)} not defined in the notebook"}],
+            })
+            continue
+        report.append(run_exercise(ex, *(namespace[name] for name in ex.targets)).as_dict())
+    return report

@@ -1,0 +1,105 @@
+"""Maintenance of the course notebooks (for authors; learners never need it).
+
+    python tools/notebooks.py sync            # setup cells from _config.yml, exercises from solutions
+    python tools/notebooks.py check           # exit 1 if anything is out of date (a test runs this)
+    python tools/notebooks.py execute NB...   # run notebooks in place and store their outputs
+
+The repository URL lives in one place, ``_config.yml`` (``repository.url``);
+every notebook's setup cell (the code cell tagged ``setup``) is rewritten from
+it, so the Colab install line can never drift from the book's links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from companion.grading.authoring import notebook_text, sync_exercises  # noqa: E402
+
+NOTEBOOK_DIRS = ("book", "solutions")
+
+SETUP_TEMPLATE = '''\
+# Setup: the course package `companion` is needed. In the repository it is
+# installed by `pip install -e .`; in Colab this installs it (and nothing that
+# Colab already has: torch, numpy and matplotlib are left as they are).
+import importlib.util
+import subprocess
+import sys
+
+if importlib.util.find_spec("companion") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "git+{url}"], check=True)'''
+
+
+def repository_url() -> str:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return config["repository"]["url"]
+
+
+def setup_source() -> str:
+    return SETUP_TEMPLATE.format(url=repository_url())
+
+
+def _notebooks() -> list[Path]:
+    return sorted(p for d in NOTEBOOK_DIRS for p in (ROOT / d).glob("*.ipynb"))
+
+
+def sync_setup_cells(check: bool = False) -> list[Path]:
+    """Rewrite the setup cell of every notebook; return those that changed (or would)."""
+    want = setup_source()
+    changed = []
+    for path in _notebooks():
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        setup = [c for c in nb["cells"] if "setup" in c.get("metadata", {}).get("tags", [])]
+        if len(setup) != 1 or setup[0]["cell_type"] != "code":
+            raise ValueError(f"{path.relative_to(ROOT)} needs exactly one code cell tagged 'setup', found {len(setup)}")
+        src = setup[0]["source"]
+        if ("".join(src) if isinstance(src, list) else src) != want:
+            changed.append(path)
+            if not check:
+                setup[0]["source"] = want
+                path.write_text(notebook_text(nb), encoding="utf-8")
+    return changed
+
+
+def execute(paths: list[Path], timeout: int = 900) -> None:
+    """Execute notebooks in place (working directory = the notebook's folder) and save outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    for path in paths:
+        path = Path(path).resolve()
+        nb = nbformat.read(path, as_version=4)
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        path.write_text(notebook_text(nb), encoding="utf-8")
+        print(f"executed {path.relative_to(ROOT)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["sync", "check", "execute"])
+    parser.add_argument("paths", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "execute":
+        execute(args.paths)
+        return 0
+    check = args.command == "check"
+    stale = sync_setup_cells(check=check)
+    stale += sync_exercises(ROOT / "solutions", ROOT / "exercises", check=check)
+    for path in stale:
+        print(f"{'stale' if check else 'updated'}: {path.relative_to(ROOT)}")
+    if check and stale:
+        print("run: python tools/notebooks.py sync", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
