@@ -1,0 +1,165 @@
+"""GPT (Chapter 9) against Hugging Face GPT-2 / GPT-1 built from tiny random configs (no download)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+from companion.kv_cache import KVCache
+from companion.models.gpt import (
+    GPT, GPT1, GPT2_LARGE, GPT2_MEDIUM, GPT2_SMALL, GPT2_XL, GPT3_175B, GPTConfig,
+    count_parameters, from_hf_gpt2, from_hf_openai_gpt, gpt_param_formula,
+)
+
+
+def _hf_gpt2(seed: int = 0, **kw) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=99, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, **kw)
+    model = GPT2LMHeadModel(cfg).eval()
+    # Random init leaves biases and LayerNorms at 0/1: perturb every tensor so a transposed
+    # or swapped weight cannot hide.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _hf_gpt1(seed: int = 0) -> OpenAIGPTLMHeadModel:
+    torch.manual_seed(seed)
+    cfg = OpenAIGPTConfig(vocab_size=99, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = OpenAIGPTLMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _greedy(model: GPT, idx: torch.Tensor, n_new: int, use_cache: bool) -> torch.Tensor:
+    cache = KVCache(model.cfg.n_layers) if use_cache else None
+    out, step_in = idx, idx
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model(step_in if use_cache else out, cache=cache)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            out = torch.cat([out, nxt], dim=1)
+            step_in = nxt
+    return out
+
+
+def test_logits_match_hf_gpt2():
+    hf = _hf_gpt2()
+    ours = from_hf_gpt2(hf)
+    idx = torch.randint(0, 99, (3, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_untied_head_and_custom_inner_size_match_hf():
+    hf = _hf_gpt2(seed=3, n_inner=40, tie_word_embeddings=False)
+    ours = from_hf_gpt2(hf)
+    assert ours.cfg.d_ff == 40 and not ours.cfg.tie_embeddings
+    idx = torch.randint(0, 99, (2, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_logits_match_hf_gpt1_post_ln():
+    hf = _hf_gpt1()
+    ours = from_hf_openai_gpt(hf)
+    assert not ours.cfg.norm_first and not ours.cfg.final_norm
+    idx = torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_continuation_equals_hf_generate():
+    hf = _hf_gpt2()
+    ours = from_hf_gpt2(hf)
+    idx = torch.randint(1, 99, (2, 5), generator=torch.Generator().manual_seed(5))
+    expected = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=10,
+                           do_sample=False, pad_token_id=0)
+    assert torch.equal(_greedy(ours, idx, 10, use_cache=True), expected)
+    assert torch.equal(_greedy(ours, idx, 10, use_cache=False), expected)
+
+
+def test_cached_logits_equal_full_recomputation():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=53, block_size=24, d_model=24, n_layers=3, n_heads=3)).eval()
+    idx = torch.randint(0, 53, (2, 13))
+    with torch.no_grad():
+        full = model(idx)  # (B, 13, V)
+        cache = KVCache(3)
+        chunks = [model(idx[:, :7], cache=cache)]  # a 7-token prompt, then 1, then 5 tokens
+        chunks.append(model(idx[:, 7:8], cache=cache))
+        chunks.append(model(idx[:, 8:], cache=cache))
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert cache.length == 13
+
+
+def test_post_ln_cached_equals_full():
+    torch.manual_seed(1)
+    cfg = dataclasses.replace(GPT1, vocab_size=31, block_size=16, d_model=16, n_layers=2, n_heads=2)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 31, (1, 9))
+    with torch.no_grad():
+        cache = KVCache(2)
+        steps = [model(idx[:, i:i + 1], cache=cache) for i in range(9)]
+        torch.testing.assert_close(torch.cat(steps, 1), model(idx), rtol=1e-5, atol=1e-5)
+
+
+def test_causality_future_tokens_do_not_change_past_logits():
+    torch.manual_seed(2)
+    model = GPT(GPTConfig(vocab_size=17, block_size=16, d_model=16, n_layers=2, n_heads=4)).eval()
+    a = torch.randint(0, 17, (1, 11))
+    b = a.clone()
+    b[0, 6:] = (b[0, 6:] + 1) % 17
+    with torch.no_grad():
+        torch.testing.assert_close(model(a)[:, :6], model(b)[:, :6])
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(vocab_size=10, block_size=8, d_model=10, n_layers=1, n_heads=3)
+    with pytest.raises(ValueError, match="activation"):
+        GPTConfig(vocab_size=10, block_size=8, d_model=8, n_layers=1, n_heads=2, activation="swish")
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, d_model=8, n_layers=1, n_heads=2))
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    cache = KVCache(1)
+    model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(TypeError, match="long"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="layers"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(2))
+
+
+def test_tied_embeddings_share_storage():
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, d_model=8, n_layers=1, n_heads=2))
+    assert model.lm_head.weight is model.wte.weight
+
+
+@pytest.mark.parametrize("cfg", [GPT1, GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, GPT3_175B])
+def test_param_formula_matches_module_count(cfg):
+    with torch.device("meta"):
+        model = GPT(cfg)
+    assert count_parameters(model) == gpt_param_formula(cfg)
+
+
+def test_param_counts_match_hf_and_published():
+    # HF's own module for a GPT-2 small config (meta device, no memory) has exactly our count.
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(GPT2Config())
+        ours = GPT(GPT2_SMALL)
+    hf_count = sum(p.numel() for p in hf.parameters())
+    assert count_parameters(ours) == hf_count == 124_439_808
+    # Released checkpoints: 124M, 355M, 774M, 1558M (rounded).
+    for cfg, millions in ((GPT2_MEDIUM, 355), (GPT2_LARGE, 774), (GPT2_XL, 1558)):
+        assert round(gpt_param_formula(cfg) / 1e6) == millions
+    assert round(gpt_param_formula(GPT3_175B) / 1e9) == 175
