@@ -1,0 +1,113 @@
+"""companion.diagnostics: the depth-experiment model and its gradient measurements."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from companion.diagnostics import StackConfig, StackLM, block_grad_norms, grad_profile, lm_loss
+
+V, T = 11, 7
+
+
+def batch(b=3, t=T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(V, (b, t), generator=g)
+    return x, torch.randint(V, (b, t), generator=g)
+
+
+def cfg(**kw):
+    base = dict(vocab_size=V, block_size=13, n_layers=3, d_model=12, n_heads=3, d_ff=29)
+    return StackConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_stack_is_causal(norm_first):
+    torch.manual_seed(0)
+    model = StackLM(cfg(norm_first=norm_first))
+    x, _ = batch()
+    x2 = x.clone()
+    x2[:, -1] = (x2[:, -1] + 1) % V
+    out, out2 = model(x), model(x2)
+    assert out.shape == (3, T, V)
+    torch.testing.assert_close(out[:, :-1], out2[:, :-1], rtol=1e-5, atol=1e-5)
+    assert (out[:, -1] - out2[:, -1]).abs().max() > 1e-4
+
+
+def test_final_norm_follows_the_placement_unless_given():
+    assert isinstance(StackLM(cfg(norm_first=True)).norm_f, torch.nn.LayerNorm)  # GPT-2's ln_f
+    assert isinstance(StackLM(cfg(norm_first=False)).norm_f, torch.nn.Identity)
+    assert isinstance(StackLM(cfg(norm_first=False, final_norm=True)).norm_f, torch.nn.LayerNorm)
+
+
+def test_lm_loss_is_cross_entropy_and_uniform_at_zero_logits():
+    torch.manual_seed(0)
+    model = StackLM(cfg())
+    x, y = batch()
+    want = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    torch.testing.assert_close(lm_loss(model, (x, y)), want)
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.zero_()
+    torch.testing.assert_close(lm_loss(model, (x, y)), torch.log(torch.tensor(float(V))))
+
+
+def test_block_grad_norms_equal_norm_of_concatenated_gradients():
+    torch.manual_seed(0)
+    model = StackLM(cfg())
+    lm_loss(model, batch()).backward()
+    got = block_grad_norms(model)
+    for i, block in enumerate(model.blocks):
+        flat = torch.cat([p.grad.flatten() for p in block.parameters()])
+        torch.testing.assert_close(got[i], flat.norm())
+    torch.testing.assert_close(block_grad_norms(model, "ffn.down.weight")[1], model.blocks[1].ffn.down.weight.grad.norm())
+    with pytest.raises(ValueError, match="no parameter 'nope'"):
+        block_grad_norms(model, "nope")
+
+
+def test_block_grad_norms_needs_backward():
+    with pytest.raises(ValueError, match="backward"):
+        block_grad_norms(StackLM(cfg()))
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_grad_profile_matches_an_independent_autograd_computation(norm_first):
+    c = cfg(norm_first=norm_first)
+    x, y = batch()
+    prof = grad_profile(c, (x, y), seeds=(4,))
+    assert prof.block.shape == (1, 3) and prof.stream.shape == (1, 4) and prof.stream_rms.shape == (1, 4)
+    torch.manual_seed(4)
+    model = StackLM(c)
+    logits = model(x, keep_hidden=True)
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    w2_params = [b.ffn.down.weight for b in model.blocks]
+    grads = torch.autograd.grad(loss, model.hidden + w2_params)
+    torch.testing.assert_close(prof.stream[0], torch.stack([g.norm() for g in grads[:4]]))
+    torch.testing.assert_close(prof.w2[0], torch.stack([g.norm() for g in grads[4:]]))
+    torch.testing.assert_close(prof.loss[0], loss.detach())
+
+
+def test_post_ln_stream_has_unit_rms_and_pre_ln_stream_grows():
+    """A LayerNorm output with unit weight and zero bias has RMS 1; pre-LN adds to its stream."""
+    x, y = batch(t=13)
+    post = grad_profile(cfg(norm_first=False, n_layers=4), (x, y), seeds=2)
+    torch.testing.assert_close(post.stream_rms[:, 1:], torch.ones(2, 4), rtol=1e-3, atol=1e-3)
+    pre = grad_profile(cfg(norm_first=True, n_layers=4), (x, y), seeds=2)
+    assert (pre.stream_rms[:, 1:] > pre.stream_rms[:, :-1]).all()
+
+
+def test_grad_profile_is_deterministic_per_seed():
+    b = batch()
+    p1, p2 = grad_profile(cfg(), b, seeds=(0, 1)), grad_profile(cfg(), b, seeds=(0, 1))
+    torch.testing.assert_close(p1.w2, p2.w2)
+    assert not torch.allclose(p1.w2[0], p1.w2[1])
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=3"):
+        cfg(d_model=10)
+    with pytest.raises(ValueError, match="init must be"):
+        cfg(init="he")
+    with pytest.raises(TypeError, match="n_layers must be a positive int"):
+        cfg(n_layers=2.0)
+    with pytest.raises(ValueError, match="longer than block_size"):
+        StackLM(cfg())(torch.zeros(1, 14, dtype=torch.long))
