@@ -29,6 +29,7 @@ __all__ = [
     "GPT1", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_175B",
     "count_parameters", "gpt_param_formula",
     "config_from_hf", "from_hf_gpt2", "config_from_hf_openai", "from_hf_openai_gpt",
+    "lm_loss", "evaluate_lm",
 ]
 
 _ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -318,3 +319,35 @@ def from_hf_openai_gpt(hf_model) -> GPT:
     model.wpe.weight.copy_(sd["transformer.positions_embed.weight"])
     _copy_blocks(model, sd, "transformer.")
     return model.eval()
+
+
+# --------------------------------------------------------------------------- language-model loss
+
+
+def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats per token) of ``model`` on ``(x, y)``, both ``(B, T)``."""
+    x, y = batch
+    logits = model(x)  # (B, T, V)
+    return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+@torch.no_grad()
+def evaluate_lm(model: nn.Module, ids: torch.Tensor, block_size: int, batch_size: int = 64) -> float:
+    """Deterministic held-out loss: mean cross-entropy over non-overlapping windows of ``block_size + 1`` ids.
+
+    Every id after the first of each window is predicted once, from the ids before
+    it in its window (between 0 and ``block_size - 1`` of context).
+    """
+    if ids.dim() != 1 or len(ids) < block_size + 1:
+        raise ValueError(f"ids must be 1-D with more than block_size={block_size} ids, got shape {tuple(ids.shape)}")
+    was_training = model.training
+    model.eval()
+    n = (len(ids) - 1) // block_size
+    x = ids[: n * block_size].view(n, block_size)  # (N, T)
+    y = ids[1 : n * block_size + 1].view(n, block_size)  # (N, T)
+    total = 0.0
+    for i in range(0, n, batch_size):
+        logits = model(x[i : i + batch_size])  # (b, T, V)
+        total += nn.functional.cross_entropy(logits.flatten(0, 1), y[i : i + batch_size].flatten(), reduction="sum").item()
+    model.train(was_training)
+    return total / (n * block_size)
