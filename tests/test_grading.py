@@ -1,0 +1,202 @@
+"""The grader never crashes on student code, and its checks can fail."""
+
+import math
+
+import pytest
+import torch
+
+from companion.attention import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
+from companion.grading import CheckFailed, expect_tensor, get_exercise, run_exercise
+from companion.grading.core import Case, Exercise, run_case, time_limit
+from companion.masks import causal_mask
+
+
+def good_attention(q, k, v, mask=None):
+    return scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+
+
+def naive_inf_attention(q, k, v, mask=None):  # the seed's -inf fill: NaN on empty rows
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = s.softmax(-1)
+    return w @ v, w
+
+
+def unscaled_attention(q, k, v, mask=None):
+    return scaled_dot_product_attention(q, k, v, mask, scale=1.0, return_weights=True)
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("replace this line with your code")
+
+
+def crashes(*args, **kwargs):
+    return [][1]
+
+
+def loops_forever(*args, **kwargs):
+    while True:
+        pass
+
+
+def swallows_everything(*args, **kwargs):
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:  # a student's blanket except must not defeat the time limit
+            pass
+
+
+def exits(*args, **kwargs):
+    raise SystemExit(1)
+
+
+def transposed_output(q, k, v, mask=None):
+    out, w = good_attention(q, k, v, mask)
+    return out.transpose(-2, -1), w
+
+
+def float64_output(q, k, v, mask=None):
+    out, w = good_attention(q, k, v, mask)
+    return out.double(), w.double()
+
+
+def earned(ex_id, *students):
+    res = run_exercise(get_exercise(ex_id), *students)
+    return res.earned, res.points, [c.message for c in res.cases]
+
+
+def test_reference_scores_full_marks():
+    got, possible, _ = earned("2.1", good_attention)
+    assert got == possible == 8
+
+
+@pytest.mark.parametrize(
+    "student, expected_message",
+    [
+        (stub, "not implemented yet"),
+        (crashes, "IndexError"),
+        (exits, "SystemExit"),
+        (transposed_output, "should have shape"),
+        (float64_output, "dtype"),
+    ],
+)
+def test_bad_students_lose_points_with_a_message(student, expected_message):
+    res = run_exercise(get_exercise("2.1"), student)
+    failed = [c for c in res.cases if not c.passed]
+    assert res.earned < res.points and failed
+    assert all(expected_message in c.message for c in failed), [c.message for c in failed]
+    if student in (stub, crashes, exits):
+        assert res.earned == 0
+
+
+def test_nan_on_empty_rows_costs_only_that_case():
+    got, possible, messages = earned("2.1", naive_inf_attention)
+    assert got == possible - 2
+    assert any("NaN" in m for m in messages)
+
+
+def test_missing_scale_is_caught():
+    got, possible, messages = earned("2.1", unscaled_attention)
+    assert got < possible
+    assert any("sqrt(d_k)" in m for m in messages)
+
+
+@pytest.mark.parametrize("student", [loops_forever, swallows_everything])
+def test_endless_loop_hits_the_time_limit_and_later_cases_still_run(student):
+    ex = Exercise("9.9", "loop", ("f",), (
+        Case("loops", 1, lambda f: f(), timeout=0.3),
+        Case("runs after", 1, lambda f: None),
+    ))
+    res = run_exercise(ex, student)
+    assert [c.earned for c in res.cases] == [0, 1]
+    assert "did not finish within 0.3 s" in res.cases[0].message
+
+
+def test_time_limit_fallback_without_signals_in_a_thread():
+    import threading
+
+    box = {}
+
+    def worker():
+        box["result"] = run_case(Case("loops", 1, lambda f: f(), timeout=0.3), loops_forever)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(5)
+    assert not t.is_alive()
+    assert box["result"].earned == 0 and "did not finish" in box["result"].message
+
+
+def test_time_limit_restores_the_alarm_handler():
+    import signal
+
+    before = signal.getsignal(signal.SIGALRM)
+    with time_limit(1.0):
+        pass
+    assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_causal_mask_checks():
+    assert earned("2.2", causal_mask)[0] == 5
+    upper = lambda t, s: causal_mask(t, s).T if t == s else causal_mask(t, s)  # noqa: E731
+    assert earned("2.2", upper)[0] < 5
+    top_left = lambda t, s: torch.ones(t, s, dtype=torch.bool).tril()  # noqa: E731  wrong when s > t
+    got, _, messages = earned("2.2", top_left)
+    assert got == 3 and any("bottom-right" in m for m in messages)
+    as_int = lambda t, s: causal_mask(t, s).long()  # noqa: E731
+    assert earned("2.2", as_int)[0] == 0
+
+
+def test_heads_checks():
+    assert earned("2.3", split_heads, merge_heads)[0] == 6
+    wrong_split = lambda x, h: x.view(x.shape[0], h, x.shape[1], -1)  # noqa: E731  a reshape that mixes positions
+    got, _, _ = earned("2.3", wrong_split, merge_heads)
+    assert got == 3  # the merge-only case (2) and the T = 1 case (1), where this view happens to be right
+
+
+def test_module_checks():
+    class Reference(MultiHeadAttention):
+        def __init__(self, d_model, n_heads):
+            super().__init__(d_model, n_heads)
+
+    assert earned("2.4", Reference)[0] == 9
+
+    class NoScaleCheck(Reference):
+        def __init__(self, d_model, n_heads):
+            nn_d = d_model - d_model % n_heads or n_heads
+            super().__init__(nn_d, n_heads)
+
+    got, _, messages = earned("2.4", NoScaleCheck)
+    assert got < 9 and any("ValueError" in m for m in messages)
+
+    class SwappedKV(Reference):
+        def forward(self, x, mask=None):
+            q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+            q, k, v = (split_heads(t, self.n_heads) for t in (q, v, k))
+            return self.out(merge_heads(scaled_dot_product_attention(q, k, v, mask)))
+
+    got, _, _ = earned("2.4", SwappedKV)
+    assert got == 2  # layout + ValueError only
+
+
+def test_expect_tensor_messages():
+    want = torch.zeros(2, 3)
+    with pytest.raises(CheckFailed, match="shape"):
+        expect_tensor(torch.zeros(3, 2), want)
+    with pytest.raises(CheckFailed, match="NaN"):
+        expect_tensor(torch.full((2, 3), float("nan")), want)
+    with pytest.raises(CheckFailed, match=r"index \(1, 2\): expected 0, got 5"):
+        expect_tensor(torch.zeros(2, 3).index_put_((torch.tensor(1), torch.tensor(2)), torch.tensor(5.0)), want)
+    with pytest.raises(CheckFailed, match="torch.Tensor"):
+        expect_tensor([[0.0] * 3] * 2, want)
+    expect_tensor(want + 1e-7, want)
+
+
+def test_unknown_exercise_is_a_clear_error():
+    with pytest.raises(ValueError, match="no exercise 2.99"):
+        get_exercise("2.99")
+    with pytest.raises(ValueError, match="chapter 98 has no graded exercises"):
+        get_exercise("98.1")
