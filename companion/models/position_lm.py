@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -242,10 +243,10 @@ def evaluate_lengths(
     return by_length, per_position
 
 
-def _checkpoint(name: str):
-    from importlib.resources import files
-
-    path = files("companion").joinpath("checkpoints", name)
+def _checkpoint(name: str) -> Path:
+    # A path inside the installed package (companion/checkpoints/), not relative to the repository,
+    # so it works in an editable install, after `pip install` and in Colab alike.
+    path = Path(__file__).resolve().parent.parent / "checkpoints" / name
     if not path.is_file():
         raise FileNotFoundError(f"{name} is missing from companion/checkpoints: run scripts/ch03_train_extrapolation.py")
     return path
