@@ -1,0 +1,78 @@
+"""Timing helpers shared by the benchmarks.
+
+Rules: warm up before timing, time with ``time.perf_counter``, report the
+median of several repeats, and compare two implementations in the same run
+with the same number of threads (set once by ``run.py``), so that their
+*ratio* is meaningful even when the machine is shared and absolute numbers
+move.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool  # smaller sizes, fewer repeats
+    repeats: int  # timed repeats; the median is reported
+    warmup: int  # untimed calls before timing
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: two measurements of the same work and their ratio ``a / b``."""
+
+    benchmark: str  # what is measured
+    setting: str  # sizes, lengths
+    a_label: str  # e.g. "companion"
+    a_value: float
+    b_label: str  # e.g. "HF"
+    b_value: float
+    unit: str  # unit of a_value and b_value; larger is better for "tok/s", smaller for "ms/..."
+
+    @property
+    def ratio(self) -> float:
+        return self.a_value / self.b_value
+
+
+def median_seconds(fn: Callable[[], object], settings: Settings) -> float:
+    """Median wall time of ``fn()`` over ``settings.repeats`` calls, after ``settings.warmup`` calls."""
+    for _ in range(settings.warmup):
+        fn()
+    times = []
+    for _ in range(settings.repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def paired_median_seconds(fa: Callable[[], object], fb: Callable[[], object], settings: Settings) -> tuple[float, float]:
+    """Median times of ``fa`` and ``fb``, timed alternately (a, b, a, b, ...) so both see the same machine load."""
+    for _ in range(settings.warmup):
+        fa()
+        fb()
+    ta, tb = [], []
+    for _ in range(settings.repeats):
+        for fn, out in ((fa, ta), (fb, tb)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def format_table(rows: list[Row]) -> str:
+    """A fixed-width text table, one line per row, with the ratio a / b."""
+    head = ("benchmark", "setting", "A", "value A", "B", "value B", "unit", "A / B")
+    lines = [
+        (r.benchmark, r.setting, r.a_label, f"{r.a_value:,.1f}", r.b_label, f"{r.b_value:,.1f}", r.unit, f"{r.ratio:.2f}")
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    fmt = "  ".join("{:<%d}" % w if i < 2 else "{:>%d}" % w for i, w in enumerate(widths))
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt.format(*head), sep, *(fmt.format(*line) for line in lines)])

@@ -1,0 +1,67 @@
+"""Run every benchmark of the course and print one table: ``python -m benchmarks.run [--quick]``.
+
+Each row measures two implementations of the same work in this one run and
+gives their ratio; see ``benchmarks/README.md``. Benchmarks print figures;
+tests never time anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+import time
+
+if __package__ in (None, ""):  # `python benchmarks/run.py`: make the package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "benchmarks"
+
+import torch  # noqa: E402
+
+from benchmarks.common import Settings, format_table  # noqa: E402
+
+# Modules with a BENCHMARKS dict {name: function(Settings) -> list[Row]}, in the order of the course.
+MODULES = ["benchmarks.gpt"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about a minute)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for every benchmark, both sides alike (default 1: small models on a "
+                             "shared machine time far more stably, and OpenMP spin-waits do not swamp them)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median reported)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these benchmarks (names as listed by --list)")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = parser.parse_args(argv)
+
+    benchmarks = {}
+    for module in MODULES:
+        for name, fn in importlib.import_module(module).BENCHMARKS.items():
+            benchmarks[f"{module.split('.')[-1]}.{name}"] = fn
+    if args.list:
+        print("\n".join(benchmarks))
+        return 0
+    torch.set_num_threads(args.threads)
+    repeats = args.repeats or (3 if args.quick else 5)
+    settings = Settings(quick=args.quick, repeats=repeats, warmup=1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"{platform.processor() or platform.machine()}, median of {repeats} repeats"
+          f"{', quick sizes' if args.quick else ''}", flush=True)
+
+    rows, start = [], time.perf_counter()
+    for name, fn in benchmarks.items():
+        if args.only and name not in args.only and name.split(".")[-1] not in args.only:
+            continue
+        t0 = time.perf_counter()
+        rows += fn(settings)
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(format_table(rows))
+    print(f"total {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
