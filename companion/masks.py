@@ -9,7 +9,8 @@ boolean ``attn_mask`` and ``key_padding_mask`` (``True`` = blocked). Convert
 with ``~mask`` at that boundary and nowhere else.
 
 Shape legend: B batch, H heads, T query length, S key length.
-Defined in Chapter 2 (padding, causal) and Chapter 6 (prefix-LM, cross).
+Defined in Chapter 2 (padding, causal) and Chapter 6 (prefix-LM, cross,
+influence through a stack of layers).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "cross_attention_mask",
     "combine_masks",
     "additive_mask",
+    "influence_matrix",
 ]
 
 
@@ -104,3 +106,33 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def influence_matrix(mask: torch.Tensor, n_layers: int = 1) -> torch.Tensor:
+    """Which inputs can influence which outputs after ``n_layers`` self-attention layers with this mask.
+
+    Entry ``[..., i, j]`` is True iff input position ``j`` can change output
+    position ``i``. One layer lets query ``i`` read key ``j`` where the mask
+    allows it, and the residual connection carries position ``i`` itself; a
+    stack of layers composes these links (a boolean matrix power), so a
+    sliding-window or prefix mask can reach further with depth than in one layer.
+
+    Args:
+        mask: boolean ``(..., T, T)``, True = may attend (a self-attention mask).
+        n_layers: number of stacked layers.
+
+    Returns:
+        boolean ``(..., T, T)``.
+    """
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean tensor (True = may attend), got {got}")
+    if mask.dim() < 2 or mask.shape[-1] != mask.shape[-2]:
+        raise ValueError(f"a self-attention mask must have shape (..., T, T), got {tuple(mask.shape)}")
+    check_positive_int("n_layers", n_layers)
+    eye = torch.eye(mask.shape[-1], dtype=torch.bool, device=mask.device)
+    step = (mask | eye).to(torch.int64)  # (..., T, T): attention plus the residual path
+    reach = step
+    for _ in range(n_layers - 1):
+        reach = (reach @ step).clamp(max=1)  # (..., T, T): a path exists through one more layer
+    return reach.bool()

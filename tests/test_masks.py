@@ -61,3 +61,74 @@ def test_additive_mask_uses_finfo_min():
 def test_bad_input_gets_a_clear_error(call):
     with pytest.raises((ValueError, TypeError)):
         call()
+
+
+# ---------------------------------------------------------------- Chapter 6: independent references
+
+def test_causal_mask_matches_nn_transformer_and_hf():
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    t = 7
+    assert torch.equal(causal_mask(t), torch.nn.Transformer.generate_square_subsequent_mask(t) == 0)
+    hf = sdpa_mask(batch_size=1, q_length=t, kv_length=t, mask_function=causal_mask_function, allow_is_causal_skip=False)
+    assert torch.equal(causal_mask(t), hf[0, 0])
+
+
+def test_padding_and_causal_combined_match_hf():
+    from transformers.masking_utils import sdpa_mask
+
+    real = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0]])
+    ours = combine_masks(causal_mask(7), padding_mask(real))
+    hf = sdpa_mask(batch_size=3, q_length=7, kv_length=7, attention_mask=real.bool(), allow_is_causal_skip=False)
+    assert ours.shape == (3, 1, 7, 7) and torch.equal(ours, hf)
+
+
+def test_prefix_lm_matches_hf_or_mask():
+    from transformers.masking_utils import causal_mask_function, or_masks, sdpa_mask
+
+    for prefix in (0, 3, 7):
+        fn = or_masks(causal_mask_function, lambda b, h, q, kv, p=prefix: kv < p)
+        hf = sdpa_mask(batch_size=1, q_length=7, kv_length=7, mask_function=fn, allow_is_causal_skip=False)
+        assert torch.equal(prefix_lm_mask(prefix, 7), hf[0, 0]), prefix
+
+
+def _stack_outputs(x, mask, layers):
+    for layer in layers:
+        x = x + layer(x, mask)  # residual + attention, as in every Transformer block
+    return x
+
+
+@pytest.mark.parametrize("name", ["causal", "prefix", "window"])
+def test_influence_matrix_matches_perturbations_through_real_layers(name):
+    from companion.attention import MultiHeadAttention
+    from companion.masks import influence_matrix
+
+    torch.manual_seed(0)
+    t, n_layers = 7, 2
+    mask = {
+        "causal": causal_mask(t),
+        "prefix": prefix_lm_mask(3, t),
+        "window": causal_mask(t) & ~causal_mask(t).tril(-2),  # each query sees itself and one key back
+    }[name]
+    layers = [MultiHeadAttention(8, 2, backend="manual") for _ in range(n_layers)]
+    x = torch.randn(1, t, 8, dtype=torch.float64)
+    layers = [layer.double() for layer in layers]
+    with torch.no_grad():
+        base = _stack_outputs(x, mask, layers)
+        observed = torch.zeros(t, t, dtype=torch.bool)
+        for j in range(t):
+            x2 = x.clone()
+            x2[0, j] += 1.0
+            observed[:, j] = (_stack_outputs(x2, mask, layers) - base)[0].abs().amax(dim=-1) > 1e-12
+    assert torch.equal(observed, influence_matrix(mask, n_layers))
+
+
+def test_influence_matrix_rejects_bad_masks():
+    from companion.masks import influence_matrix
+
+    with pytest.raises(TypeError):
+        influence_matrix(torch.ones(3, 3))
+    with pytest.raises(ValueError):
+        influence_matrix(torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        influence_matrix(causal_mask(3), 0)
