@@ -223,7 +223,7 @@ class RelativePositionBias(nn.Module):
 # ---------------------------------------------------------------- RoPE
 
 def rope_frequencies(d_head: int, *, base: float = 10000.0) -> torch.Tensor:
-    """The ``Dh / 2`` angular frequencies ``theta_i = base^(-2i / Dh)`` of RoPE (Su et al., eq. 15)."""
+    """The ``Dh / 2`` angular frequencies ``theta_i = base^(-2i / Dh)`` of RoPE (Su et al., 2021)."""
     _check_even("d_head", d_head)
     return _check_base(base) ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (Dh/2,)
 
@@ -270,7 +270,7 @@ def apply_rope(
     *,
     layout: RopeLayout = "half",
 ) -> torch.Tensor:
-    """Rotate each feature pair of ``x`` by its angle: ``x * cos + rotate(x) * sin`` (Su et al., eq. 34).
+    """Rotate each feature pair of ``x`` by its angle: ``x * cos + rotate(x) * sin`` (Su et al., 2021).
 
     Args:
         x: queries or keys, shape ``(..., T, Dh)`` (usually ``(B, H, T, Dh)``).
