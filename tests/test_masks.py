@@ -132,3 +132,31 @@ def test_influence_matrix_rejects_bad_masks():
         influence_matrix(torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError):
         influence_matrix(causal_mask(3), 0)
+
+
+def test_chapter_6_checks_reject_typical_mistakes():
+    from companion.grading import get_exercise, run_exercise
+
+    def prefix_without_causal_part(prefix_length, t):
+        return (torch.arange(t) < prefix_length)[None, :].expand(t, t).clone()
+
+    def padding_causal_without_head_axis(attention_mask):
+        t = attention_mask.shape[1]
+        return causal_mask(t)[None] & attention_mask.bool()[:, None, :]  # (B, T, T)
+
+    def cross_made_causal(encoder_attention_mask, t):
+        s = encoder_attention_mask.shape[1]
+        return (encoder_attention_mask.bool()[:, None, None, :] & causal_mask(t, max(s, t))[:, -s:]).expand(-1, 1, t, s)
+
+    def influence_without_residual(mask, i, n_layers=1):
+        reach = torch.zeros(mask.shape[-1], dtype=torch.bool)
+        reach[i] = True
+        for _ in range(n_layers):
+            reach = mask[reach].any(dim=0)
+        return reach
+
+    for exercise_id, wrong in (("6.1", prefix_without_causal_part), ("6.2", padding_causal_without_head_axis),
+                               ("6.3", cross_made_causal), ("6.4", influence_without_residual)):
+        result = run_exercise(get_exercise(exercise_id), wrong)
+        assert result.earned < result.points, exercise_id
+        assert all(c.message for c in result.cases if not c.passed)

@@ -104,3 +104,26 @@ def test_recurrence_in_rounds_equals_the_rnn_after_t_rounds():
 def test_bad_arguments_raise(call):
     with pytest.raises((ValueError, TypeError)):
         call()
+
+
+def test_chapter_1_checks_reject_typical_mistakes():
+    from companion.grading import get_exercise, run_exercise
+
+    def rnn_without_tanh(x, weight_ih, weight_hh, bias_ih=None, bias_hh=None, h0=None):
+        h = torch.zeros(x.shape[0], weight_hh.shape[0]) if h0 is None else h0
+        outs = []
+        for t in range(x.shape[1]):
+            h = x[:, t] @ weight_ih.T + h @ weight_hh.T  # forgot tanh and biases
+            outs.append(h)
+        return torch.stack(outs, 1), h
+
+    def flops_as_table_1(layer, t, d_model, batch=1):
+        return {"recurrent": t * d_model**2, "lstm": t * d_model**2, "self-attention": t * t * d_model}[layer]
+
+    def path_off_by_one(layer, t, kernel_size=3):
+        return {"self-attention": 1, "recurrent": t, "convolutional": t // kernel_size}[layer]
+
+    for exercise_id, wrong in (("1.1", path_off_by_one), ("1.2", rnn_without_tanh), ("1.3", flops_as_table_1)):
+        result = run_exercise(get_exercise(exercise_id), wrong)
+        assert result.earned < result.points, exercise_id
+        assert all(c.message for c in result.cases if not c.passed)
