@@ -277,3 +277,20 @@ def test_nope_sees_order_through_the_causal_mask_with_two_layers():
     swapped = ids[:, [1, 0, 2, 3, 4, 5, 6]]
     with torch.no_grad():
         assert (model(ids)[:, -1] - model(swapped)[:, -1]).abs().max() > 1e-4
+
+
+def test_shipped_results_and_weights_agree():
+    from companion.models import position_lm
+
+    results = position_lm.load_extrapolation_results()
+    assert set(results["loss"]) == set(POSITION_SCHEMES)
+    lengths = results["config"]["eval_lengths"]
+    train_length = results["config"]["train_length"]
+    # the learned table has no rows beyond the training length; every other scheme runs at every length
+    assert all((results["loss"]["learned"][str(n)] is None) == (n > train_length) for n in lengths)
+    assert all(v is not None for s in POSITION_SCHEMES if s != "learned" for v in results["loss"][s].values())
+    data = position_lm.make_data()
+    exp = position_lm.ExperimentConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
+    model = position_lm.load_position_lm("alibi", data.tokenizer.vocab_size)
+    by_length, _ = position_lm.evaluate_lengths(model, data, exp, lengths=(train_length,))
+    assert abs(by_length[str(train_length)] - results["loss"]["alibi"][str(train_length)]) < 0.02  # float16 weights
