@@ -84,3 +84,14 @@ def test_solution_notebooks_are_gradable(path):
     assert tags.count("score") == 1 and tags.count("check") >= 3
     checks = [source(c) for c in nb["cells"] if "check" in c.get("metadata", {}).get("tags", [])]
     assert all(s.strip().startswith("check(") for s in checks)
+
+
+@pytest.mark.parametrize("path", BOOK + SOLUTIONS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_nbval_markers_are_well_formed(path):
+    """nbval honours `# NBVAL_IGNORE_OUTPUT` only as a whole comment line; anything else is silently ignored."""
+    for cell in load(path)["cells"]:
+        for line in source(cell).splitlines():
+            if "NBVAL_" in line and line.strip().startswith("#"):
+                assert line.strip().lstrip("#").strip() in {
+                    "NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION"
+                }, f"malformed nbval marker: {line.strip()!r}"
