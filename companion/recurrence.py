@@ -344,17 +344,28 @@ def layer_step(layer: str, d_model: int, kernel_size: int = 3, *, seed: int = 0)
 
 # ------------------------------------------------------------------ timing
 
-def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs (after ``warmup`` runs), without autograd."""
+def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, clock: str = "cpu") -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs (after ``warmup`` runs), without autograd.
+
+    ``clock="cpu"`` measures the CPU time of this process (``time.process_time``):
+    on a machine shared with other jobs, wall-clock time also counts the time
+    the operating system gave the processor to someone else, and that varies
+    far more than the work itself. ``clock="wall"`` measures wall-clock time
+    (``time.perf_counter``), what a user waits for on an idle machine.
+    """
     check_positive_int("repeats", repeats)
+    clocks = {"cpu": time.process_time, "wall": time.perf_counter}
+    if clock not in clocks:
+        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+    now = clocks[clock]
     with torch.no_grad():
         for _ in range(warmup):
             fn()
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = now()
             fn()
-            times.append(time.perf_counter() - start)
+            times.append(now() - start)
     return statistics.median(times)
 
 
@@ -366,6 +377,7 @@ def time_layers(
     batch: int = 1,
     repeats: int = 5,
     threads: int | None = 1,
+    clock: str = "cpu",
     seed: int = 0,
 ) -> dict[str, list[float]]:
     """Median seconds of one forward pass of ``nn.RNN``, ``nn.LSTM`` and self-attention per length.
@@ -374,6 +386,7 @@ def time_layers(
     kernel), so all three include their projections. ``threads`` fixes
     torch's thread count during the measurement (1 by default: on a shared
     machine several threads mostly wait for each other); None leaves it.
+    ``clock`` is passed to :func:`time_call` (CPU time by default).
     Returns ``{"length": [...], "rnn": [...], "lstm": [...], "attention": [...]}``.
     """
     from .attention import MultiHeadAttention
@@ -393,7 +406,7 @@ def time_layers(
         for t in result["length"]:
             x = torch.randn(batch, check_positive_int("length", t), d_model)  # (B, T, D)
             for name, layer in layers.items():
-                result[name].append(time_call(lambda: layer(x), repeats=repeats))
+                result[name].append(time_call(lambda: layer(x), repeats=repeats, clock=clock))
     finally:
         torch.set_num_threads(previous_threads)
     return result

@@ -19,6 +19,7 @@ from companion.recurrence import (
     rnn_forward,
     rounds_to_connect,
     sequential_steps,
+    time_call,
 )
 
 
@@ -100,6 +101,7 @@ def test_recurrence_in_rounds_equals_the_rnn_after_t_rounds():
     lambda: sequential_steps("recurrent", 0),
     lambda: rnn_flops(0, 4),
     lambda: rounds_to_connect(layer_step("recurrent", 4), torch.randn(1, 9, 4), max_rounds=3),
+    lambda: time_call(lambda: None, clock="gpu"),
 ])
 def test_bad_arguments_raise(call):
     with pytest.raises((ValueError, TypeError)):
