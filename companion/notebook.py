@@ -2,8 +2,9 @@
 
 Inside the book build, :func:`glue` is myst-nb's ``glue``, so prose can show a
 number the notebook computed (``{glue:text}`name:.3f```). In Colab or a plain
-Jupyter without myst-nb it does nothing visible and returns the value, so the
+Jupyter without myst-nb it does nothing visible, so the
 same notebook runs unchanged.
+
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import torch
 __all__ = ["glue", "seed_everything", "in_colab"]
 
 
-def glue(name: str, value: Any, display: bool = False) -> Any:
-    """Record ``value`` under ``name`` for the book's prose; return ``value`` unchanged."""
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Record ``value`` under ``name`` for the book's prose.
+
+    Returns ``None``, so that a ``glue(...)`` on the last line of a cell does
+    not echo its value as a second output.
+    """
     try:
         from myst_nb import glue as _myst_glue
     except ImportError:  # Colab, plain Jupyter: nothing to record into
@@ -25,9 +30,8 @@ def glue(name: str, value: Any, display: bool = False) -> Any:
             from IPython.display import display as _display
 
             _display(value)
-        return value
+        return
     _myst_glue(name, value, display=display)
-    return value
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:

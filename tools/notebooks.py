@@ -60,10 +60,13 @@ def sync_setup_cells(check: bool = False) -> list[Path]:
         if len(setup) != 1 or setup[0]["cell_type"] != "code":
             raise ValueError(f"{path.relative_to(ROOT)} needs exactly one code cell tagged 'setup', found {len(setup)}")
         src = setup[0]["source"]
-        if ("".join(src) if isinstance(src, list) else src) != want:
+        tags = setup[0]["metadata"]["tags"]
+        if ("".join(src) if isinstance(src, list) else src) != want or "hide-input" not in tags:
             changed.append(path)
             if not check:
                 setup[0]["source"] = want
+                # The website folds the install cell behind a "show code" toggle.
+                setup[0]["metadata"]["tags"] = sorted(set(tags) | {"hide-input"})
                 path.write_text(notebook_text(nb), encoding="utf-8")
     return changed
 
