@@ -60,17 +60,20 @@ def format_result(result: ExerciseResult) -> str:
     return "\n".join(lines)
 
 
-def check(exercise_id: str, *students: Any) -> ExerciseResult:
-    """Run the checks of one exercise on your function(s) or class and print a report."""
+def check(exercise_id: str, *students: Any) -> None:
+    """Run the checks of one exercise on your function(s) or class and print a report.
+
+    The result is kept for :func:`score`; nothing is returned, so the check
+    cell shows only the report.
+    """
     exercise = get_exercise(exercise_id)
     result = run_exercise(exercise, *students)
     _GRADEBOOK[exercise.id] = result
     print(format_result(result))
-    return result
 
 
-def score(chapter: int) -> tuple[int, int]:
-    """Print the table of this chapter's exercises and return ``(earned, possible)``."""
+def score(chapter: int) -> None:
+    """Print the table of this chapter's exercises with the total."""
     rows = []
     earned = possible = 0
     for ex in chapter_exercises(chapter):
@@ -85,7 +88,6 @@ def score(chapter: int) -> tuple[int, int]:
     for left, right in rows:
         print(f"  {left:<{width}}  {right}")
     print(f"  {'total':<{width}}  {earned}/{possible}")
-    return earned, possible
 
 
 def grade_namespace(chapter: int, namespace: dict[str, Any]) -> list[dict[str, Any]]:
