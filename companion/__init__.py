@@ -1,13 +1,21 @@
 """companion: the tested code of the course "Transformers from scratch: GPT, BERT and T5".
 
-Modules are organised by concept, not by chapter:
+Modules are organised by concept, not by chapter (the chapter that defines
+each is in brackets):
 
-* :mod:`companion.attention`: scaled dot-product and multi-head attention (Chapter 2)
-* :mod:`companion.masks`: boolean attention masks, True = may attend (Chapters 2, 6)
-* :mod:`companion.blocks`: norms, feed-forward, pre/post-LN blocks (Chapters 4, 5)
-* :mod:`companion.data`, :mod:`companion.training`: offline corpus and one training loop
-* :mod:`companion.viz`: plots and widgets
-* :mod:`companion.notebook`: seeding and ``glue`` for the notebooks
+* :mod:`companion.attention`: scaled dot-product and multi-head attention (2)
+* :mod:`companion.masks`: boolean attention masks, True = may attend (2, 6)
+* :mod:`companion.mask_viz`: drawing masks, the mask explorer widget (6)
+* :mod:`companion.recurrence`: the RNN loop, FLOP counts, path lengths, timings (1)
+* :mod:`companion.positional`: sinusoidal, learned, T5 buckets, RoPE, ALiBi (3)
+* :mod:`companion.blocks`: norms, feed-forward, pre/post-LN blocks (4, 5)
+* :mod:`companion.diagnostics`: gradient norms per layer, warm-up runs (5)
+* :mod:`companion.models`: the encoder-decoder (4), a positional-scheme LM (3), GPT (9)
+* :mod:`companion.kv_cache`, :mod:`companion.generation`: caching and decoding (9, 10)
+* :mod:`companion.tokenizers`: byte-level BPE from scratch (9)
+* :mod:`companion.toy_tasks`, :mod:`companion.data`: toy seq2seq tasks, the offline text corpus
+* :mod:`companion.training`: the one training loop every chapter uses
+* :mod:`companion.viz`, :mod:`companion.notebook`: plots, widgets, seeding, ``glue``
 * :mod:`companion.grading`: checks for the graded exercises, and the instructor's grader
 """
 
