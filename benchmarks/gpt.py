@@ -98,8 +98,8 @@ def bench_cache_lengths(settings: Settings) -> list[Row]:
     _, ours = _models()
     ours.eval()
     prompt = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
-    lengths = (32, 128) if settings.quick else (32, 128, 256, 496)
-    quick = Settings(settings.quick, max(1, settings.repeats - 2), 1)  # no-cache runs are long: fewer repeats
+    lengths = (32, 128) if settings.quick else (32, 128, 384)
+    quick = Settings(settings.quick, max(1, settings.repeats - 2), 1, settings.clock)  # no-cache runs are long: fewer repeats
     rows = []
     for n in lengths:
         t_cache, t_full = paired_median_seconds(lambda: generate(ours, prompt, n),

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for every benchmark, both sides alike (default 1: small models on a "
                              "shared machine time far more stably, and OpenMP spin-waits do not swamp them)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall: elapsed time; cpu: CPU time of this process (robust on a busy shared machine)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median reported)")
     parser.add_argument("--only", nargs="*", default=None, help="run only these benchmarks (names as listed by --list)")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
@@ -46,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 5)
-    settings = Settings(quick=args.quick, repeats=repeats, warmup=1)
+    settings = Settings(quick=args.quick, repeats=repeats, warmup=1, clock=args.clock)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}, median of {repeats} repeats"
+          f"{platform.processor() or platform.machine()}, {args.clock} clock, median of {repeats} repeats"
           f"{', quick sizes' if args.quick else ''}", flush=True)
 
     rows, start = [], time.perf_counter()
