@@ -18,6 +18,7 @@ from companion.models.transformer import (
     Transformer,
     TransformerConfig,
     block_from_torch_decoder_layer,
+    cross_attention_weights,
     decoder_self_mask,
     greedy_decode,
     seq2seq_loss,
@@ -237,3 +238,26 @@ def test_config_and_input_checks():
         model(torch.ones(1, 3), torch.tensor([[1]]))
     with pytest.raises(ValueError):
         model.decode(torch.ones(2, 3, dtype=torch.long), torch.zeros(2, 4, D), torch.ones(3, 4, dtype=torch.bool))
+
+
+def test_cross_attention_weights_are_distributions_over_real_source_tokens():
+    model = _small_model(seed=8)
+    torch.manual_seed(9)
+    src_valid = _src_valid()
+    src = torch.randint(3, 17, (B, S)).masked_fill(~src_valid, 0)
+    tgt_in = torch.randint(1, 17, (B, T))
+    weights = cross_attention_weights(model, src, tgt_in, src_valid)
+    assert len(weights) == 2 and all(w.shape == (B, H, T, S) for w in weights)
+    for w in weights:
+        torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T))
+        assert (w.masked_select(~src_valid[:, None, None, :].expand_as(w)) == 0).all()
+    # the recorded weights reproduce the layer's output: out = merge(weights @ v) @ W_o + b_o
+    block = model.decoder[0]
+    captured = {}
+    block.cross_attn.register_forward_hook(lambda m, a, o: captured.update(out=o))
+    block.cross_attn.register_forward_pre_hook(lambda m, a, kw: captured.update(ctx=kw["context"]), with_kwargs=True)
+    with torch.no_grad():
+        model(src, tgt_in, src_valid)
+        v = block.cross_attn.kv(captured["ctx"])[..., D:].view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
+        heads = (weights[0] @ v).transpose(1, 2).reshape(B, T, D)
+        torch.testing.assert_close(block.cross_attn.out(heads), captured["out"], rtol=1e-5, atol=1e-5)

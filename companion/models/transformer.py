@@ -46,6 +46,7 @@ __all__ = [
     "decoder_self_mask",
     "seq2seq_loss",
     "greedy_decode",
+    "cross_attention_weights",
     "block_from_torch_decoder_layer",
 ]
 
@@ -258,6 +259,37 @@ def greedy_decode(
             break
     model.train(was_training)
     return out[:, 1:]
+
+
+@torch.no_grad()
+def cross_attention_weights(
+    model: Transformer,
+    src: torch.Tensor,
+    tgt_in: torch.Tensor,
+    src_attention_mask: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Cross-attention weights of every decoder layer, each ``(B, H, T, S)``, for teacher-forced inputs.
+
+    Runs the model once (in eval mode) with a hook that records what each
+    decoder layer's cross-attention receives, then recomputes that attention
+    with ``return_weights=True``. Row ``t`` of a weight matrix says which source
+    positions decoder input ``t`` reads.
+    """
+    captured = []
+
+    def record(module, args, kwargs):
+        captured.append((module, args, kwargs))
+
+    handles = [block.cross_attn.register_forward_pre_hook(record, with_kwargs=True) for block in model.decoder]
+    was_training = model.training
+    model.eval()
+    try:
+        model(src, tgt_in, src_attention_mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return [module(*args, **kwargs, return_weights=True)[1] for module, args, kwargs in captured]  # each (B, H, T, S)
 
 
 # ---------------------------------------------------------------- weights from torch.nn
