@@ -34,6 +34,8 @@ VAL_FRACTION = 0.1
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=TRAIN.steps)
+    parser.add_argument("--lr", type=float, default=TRAIN.lr)
+    parser.add_argument("--warmup", type=int, default=TRAIN.warmup_steps)
     # One thread by default: on a shared, oversubscribed machine two OpenMP threads spin-wait
     # on each other and a step took 6x longer (measured 8.9 s vs 1.5 s per step).
     parser.add_argument("--threads", type=int, default=1)
@@ -47,7 +49,7 @@ def main() -> None:
     train_ids, val_ids = train_val_split(tok.encode(text), VAL_FRACTION)
     cfg = GPTConfig(vocab_size=tok.vocab_size, **MODEL)
     model = GPT(cfg)
-    tcfg = dataclasses.replace(TRAIN, steps=args.steps, warmup_steps=min(TRAIN.warmup_steps, args.steps))
+    tcfg = dataclasses.replace(TRAIN, steps=args.steps, lr=args.lr, warmup_steps=min(args.warmup, args.steps))
     gen = torch.Generator().manual_seed(SEED)
     start = time.perf_counter()
     hist = train(

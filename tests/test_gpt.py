@@ -18,7 +18,8 @@ from companion.models.gpt import (
 def _hf_gpt2(seed: int = 0, **kw) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=99, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, **kw)
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0,
+                     bos_token_id=None, eos_token_id=None, **kw)
     model = GPT2LMHeadModel(cfg).eval()
     # Random init leaves biases and LayerNorms at 0/1: perturb every tensor so a transposed
     # or swapped weight cannot hide.
@@ -163,3 +164,24 @@ def test_param_counts_match_hf_and_published():
     for cfg, millions in ((GPT2_MEDIUM, 355), (GPT2_LARGE, 774), (GPT2_XL, 1558)):
         assert round(gpt_param_formula(cfg) / 1e6) == millions
     assert round(gpt_param_formula(GPT3_175B) / 1e9) == 175
+
+
+def test_shipped_checkpoint_loads_and_meets_the_chapter_goal():
+    from companion.checkpoints import checkpoint_names, load_checkpoint
+    from companion.data import CharTokenizer, load_pydoc_text, train_val_split
+    from companion.models.gpt import evaluate_lm
+
+    assert "ch09_tiny_gpt" in checkpoint_names()
+    ckpt = load_checkpoint("ch09_tiny_gpt")
+    cfg = GPTConfig(**ckpt["config"])
+    model = GPT(cfg)
+    model.load_state_dict(ckpt["state_dict"])
+    text = load_pydoc_text()
+    tok = CharTokenizer(text)
+    assert tok.chars == ckpt["chars"]
+    _, val_ids = train_val_split(tok.encode(text), ckpt["val_fraction"])
+    loss = evaluate_lm(model, val_ids, cfg.block_size)
+    assert loss <= 1.40  # the chapter's goal, in nats per character
+    assert abs(loss - ckpt["val_loss"]) < 1e-3  # the figure the training script recorded
+    with pytest.raises(FileNotFoundError, match="shipped"):
+        load_checkpoint("no_such_checkpoint")

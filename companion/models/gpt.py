@@ -96,7 +96,7 @@ GPT3_175B = GPTConfig(vocab_size=50257, block_size=2048, d_model=12288, n_layers
 class CausalSelfAttention(nn.Module):
     """Masked multi-head self-attention with a fused ``c_attn`` (D -> 3D) projection and an optional KV cache.
 
-    ``c_attn`` output columns ``[0, D)`` are queries, ``[D, 2D)`` keys and
+    ``c_attn`` output features ``[0, D)`` are queries, ``[D, 2D)`` keys and
     ``[2D, 3D)`` values, as in GPT-2 (whose ``Conv1D`` stores the transpose).
     """
 
