@@ -4,7 +4,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.diagnostics import StackConfig, StackLM, block_grad_norms, grad_profile, lm_loss
+from companion.diagnostics import (
+    StackConfig,
+    StackLM,
+    block_grad_norms,
+    grad_profile,
+    grad_profile_explorer,
+    lm_loss,
+    plot_grad_profiles,
+)
 
 V, T = 11, 7
 
@@ -111,3 +119,25 @@ def test_config_errors():
         cfg(n_layers=2.0)
     with pytest.raises(ValueError, match="longer than block_size"):
         StackLM(cfg())(torch.zeros(1, 14, dtype=torch.long))
+
+
+def test_plot_grad_profiles_draws_one_line_per_profile_and_checks_quantity():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    profs = {"post-LN": grad_profile(cfg(norm_first=False), batch(), seeds=1),
+             "pre-LN": grad_profile(cfg(norm_first=True), batch(), seeds=1)}
+    ax = plot_grad_profiles(profs, "stream")
+    assert len(ax.lines) == 2 and len(ax.lines[0].get_xdata()) == 4  # x_0 .. x_3
+    torch.testing.assert_close(torch.tensor(ax.lines[1].get_ydata(), dtype=torch.float32), profs["pre-LN"].stream[0])
+    with pytest.raises(ValueError, match="quantity must be one of"):
+        plot_grad_profiles(profs, "loss")
+
+
+def test_grad_profile_explorer_builds_a_widget():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    pytest.importorskip("ipywidgets")
+    widget = grad_profile_explorer(V, batch(), seeds=1)
+    assert len(widget.children) == 4
