@@ -224,6 +224,8 @@ def _mha_bad_heads(cls):
         cls(10, 3)
     except ValueError:
         return
+    except NotImplementedError:
+        raise  # the stub: reported as "not implemented yet"
     except Exception as err:  # noqa: BLE001
         raise CheckFailed(f"d_model=10, n_heads=3 should raise ValueError, raised {type(err).__name__}") from None
     raise CheckFailed("d_model=10, n_heads=3 should raise ValueError (10 is not divisible by 3), nothing was raised")
