@@ -79,7 +79,7 @@ def execute(paths: list[Path], timeout: int = 900) -> None:
     for path in paths:
         path = Path(path).resolve()
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         path.write_text(notebook_text(nb), encoding="utf-8")
         print(f"executed {path.relative_to(ROOT)}")

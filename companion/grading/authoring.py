@@ -65,6 +65,7 @@ def make_exercise_notebook(solution: dict[str, Any], source_name: str = "solutio
     nb = copy.deepcopy(solution)
     n_regions = 0
     for i, cell in enumerate(nb["cells"]):
+        cell.get("metadata", {}).pop("execution", None)  # nbclient's timestamps: not part of the exercise
         if cell["cell_type"] != "code":
             continue
         src = _source(cell)
