@@ -43,6 +43,11 @@ def test_notebooks_run_in_a_colab_like_environment(tmp_path):
     wheels = tmp_path / "wheels"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(ROOT)])
     (wheel,) = wheels.glob("companion-*.whl")
+    import zipfile
+
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("companion/checkpoints/")}
+    expected = {f"companion/checkpoints/{p.name}" for p in (ROOT / "companion" / "checkpoints").glob("*.[pj][ts]*")}
+    assert expected <= shipped, f"checkpoints missing from the wheel: {sorted(expected - shipped)}"
 
     venv = tmp_path / "colab-venv"
     run([sys.executable, "-m", "venv", str(venv)])
