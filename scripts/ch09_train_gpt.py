@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=TRAIN.steps)
     parser.add_argument("--lr", type=float, default=TRAIN.lr)
     parser.add_argument("--warmup", type=int, default=TRAIN.warmup_steps)
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     # One thread by default: on a shared, oversubscribed machine two OpenMP threads spin-wait
     # on each other and a step took 6x longer (measured 8.9 s vs 1.5 s per step).
     parser.add_argument("--threads", type=int, default=1)
@@ -53,7 +54,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(SEED)
     start = time.perf_counter()
     hist = train(
-        model, lm_loss, lambda step: random_batch(train_ids, cfg.block_size, BATCH_SIZE, gen), tcfg,
+        model, lm_loss, lambda step: random_batch(train_ids, cfg.block_size, args.batch_size, gen), tcfg,
         eval_fn=lambda m: evaluate_lm(m, val_ids, cfg.block_size), desc="tiny GPT",
     )
     wall = time.perf_counter() - start
@@ -64,7 +65,7 @@ def main() -> None:
         "chars": tok.chars,
         "history": dataclasses.asdict(hist),
         "train_config": {k: v for k, v in dataclasses.asdict(tcfg).items()},
-        "batch_size": BATCH_SIZE,
+        "batch_size": args.batch_size,
         "val_fraction": VAL_FRACTION,
         "seed": SEED,
         "val_loss": val,
