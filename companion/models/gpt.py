@@ -114,7 +114,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)  # (B, H, S, Dh)
         # Bottom-right aligned: new token i (at position S - T + i) sees keys 0 .. S - T + i.
-        mask = causal_mask(t, k.shape[2], device=x.device)  # (T, S)
+        # One new token (cached decoding) sees every key: no mask, and SDPA takes its fast path.
+        mask = None if t == 1 else causal_mask(t, k.shape[2], device=x.device)  # (T, S)
         out = scaled_dot_product_attention(
             q, k, v, mask, dropout_p=self.dropout if self.training else 0.0, backend="sdpa"
         )  # (B, H, T, Dh)
