@@ -6,7 +6,7 @@ it with ``companion.checkpoints.load_checkpoint("ch09_tiny_gpt")``.
 
 Usage (from the repository root)::
 
-    python scripts/ch09_train_gpt.py            # the shipped run
+    python scripts/ch09_train_gpt.py --threads 2   # the shipped run (235 s on an idle 2-core machine)
     python scripts/ch09_train_gpt.py --steps 50 --out /tmp/x.pt   # a quick try
 """
 
