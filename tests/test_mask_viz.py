@@ -61,7 +61,15 @@ def test_mask_explorer_builds_and_reacts():
 
     pytest.importorskip("ipywidgets")
     box = mask_explorer(max_length=9)
-    family = box.children[0].children[0]
-    for name in FAMILIES:
-        family.value = name  # each change redraws without error
+    family, length, prefix = box.children[0].children
+    pad = box.children[1].children[0]
+    plt.close("all")
+    others = [name for name in FAMILIES if name != family.value]
+    for name in others:
+        family.value = name  # each change draws one new figure showing that family's mask
+        fig = plt.figure(plt.get_fignums()[-1])
+        assert fig.axes[0].get_title().startswith(name)
+    assert len(plt.get_fignums()) == len(others)
+    length.value = 5  # the prefix and padding sliders cannot exceed the new length
+    assert prefix.max == 5 and pad.max == 4
     plt.close("all")
