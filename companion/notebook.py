@@ -5,6 +5,12 @@ number the notebook computed (``{glue:text}`name:.3f```). In Colab or a plain
 Jupyter without myst-nb it does nothing visible, so the
 same notebook runs unchanged.
 
+Portability: nbval compares the stored glue record of every cell, so a float
+is stored at the precision the prose shows it, never in full: another CPU (or
+thread count) changes the last digits of a float32 computation.
+``glue("loss", 1.3470634, ".3f")`` stores ``1.347``, and the prose shows it
+with the same spec, ``{glue:text}`loss:.3f```. A float glued without a format
+raises ``TypeError``; integers, strings and figures need none.
 """
 
 from __future__ import annotations
@@ -17,12 +23,47 @@ import torch
 __all__ = ["glue", "seed_everything", "in_colab"]
 
 
-def glue(name: str, value: Any, display: bool = False) -> None:
+def _rounded(name: str, value: Any, fmt: str | None) -> Any:
+    """``value`` rounded as ``format(value, fmt)`` shows it (floats), or unchanged."""
+    import numbers
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"glue({name!r}, ...): a tensor must hold one number, got shape {tuple(value.shape)}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        if fmt is not None:
+            raise TypeError(f"glue({name!r}, ...): fmt applies to numbers, got {type(value).__name__}")
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if fmt is None:
+        raise TypeError(
+            f"glue({name!r}, {float(value)!r}): a float needs the precision the prose shows it, "
+            f"e.g. glue({name!r}, value, '.3f'); its last digits differ between CPUs"
+        )
+    text = format(float(value), fmt)
+    try:
+        return float(text.replace(",", "").rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError as err:
+        raise ValueError(f"glue({name!r}, ...): format {fmt!r} gave {text!r}, not a number") from err
+
+
+def glue(name: str, value: Any, fmt: str | None = None, display: bool = False) -> None:
     """Record ``value`` under ``name`` for the book's prose.
+
+    Args:
+        name: the key the prose uses (``{glue:text}`name:.3f```).
+        value: a number, a string or a figure. A 1-element tensor counts as a number.
+        fmt: for a float, the format spec the prose shows it with (``".3f"``,
+            ``".1e"``, ``".0%"``); the value is stored rounded to it, so the
+            record is the same on every CPU. Required for floats.
+        display: also show the value as the cell's output.
 
     Returns ``None``, so that a ``glue(...)`` on the last line of a cell does
     not echo its value as a second output.
     """
+    value = _rounded(name, value, fmt)
     try:
         from myst_nb import glue as _myst_glue
     except ImportError:  # Colab, plain Jupyter: nothing to record into
