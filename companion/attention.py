@@ -149,7 +149,7 @@ def scaled_dot_product_attention(
         n_rep = q.shape[-3] // k.shape[-3]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (..., H, S, Dh)
     t, s = q.shape[-2], k.shape[-2]
-    if is_causal:
+    if is_causal and t > 1:  # one query (cached decoding) sees every key: nothing to mask
         causal = causal_mask(t, s, device=q.device)  # (T, S), bottom-right aligned
         plain_causal = mask is None and bias is None and t == s  # the kernel's own is_causal applies
         mask = causal if mask is None else mask & causal
