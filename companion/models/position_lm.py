@@ -20,16 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import merge_heads, split_heads
-from ..blocks import FeedForward, make_norm
+from ..attention import MultiHeadAttention
+from ..blocks import Block, FeedForward, make_norm
 from ..data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from ..masks import additive_mask, causal_mask
 from ..training import History, TrainConfig, train
 from ..positional import (
     LearnedPositionalEmbedding,
     RelativePositionBias,
     alibi_bias,
-    apply_rope,
     rope_cos_sin,
     sinusoidal_encoding,
 )
@@ -78,34 +76,22 @@ class PositionLMConfig:
         return self.d_model // self.n_heads
 
 
-class PositionalSelfAttention(nn.Module):
-    """Causal multi-head self-attention that accepts RoPE angles and an additive score bias."""
+class _PositionBlock(Block):
+    """The pre-LN block of :class:`PositionLM` (parameters registered norm1, norm2, attention, FFN, as trained)."""
+
+    registration_order = ("norm1", "norm2", "self_attn", "ffn")
 
     def __init__(self, cfg: PositionLMConfig) -> None:
-        super().__init__()
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # same fused layout as companion.attention
-        self.out = nn.Linear(cfg.d_model, cfg.d_model)
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))  # (B, H, T, Dh)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # bias already holds the causal mask as finfo.min entries plus any positional bias.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, T, Dh)
-        return self.out(merge_heads(out))  # (B, T, D)
+        norm1, norm2 = make_norm("layernorm", cfg.d_model), make_norm("layernorm", cfg.d_model)
+        attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        ffn = FeedForward(cfg.d_model, cfg.d_ff, activation="gelu")
+        super().__init__(attn, ffn, norm1, norm2, norm_first=True)
 
 
-class _Block(nn.Module):
-    def __init__(self, cfg: PositionLMConfig) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = make_norm("layernorm", cfg.d_model), make_norm("layernorm", cfg.d_model)
-        self.attn = PositionalSelfAttention(cfg)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation="gelu")
-
-    def forward(self, x, bias, rope):
-        x = x + self.attn(self.norm1(x), bias, rope)  # pre-LN
-        return x + self.ffn(self.norm2(x))  # (B, T, D)
+def _rename_legacy_keys(module, state_dict, prefix, *args) -> None:
+    # Checkpoints written before the model was built on companion.blocks.Block call the attention "attn".
+    for key in [k for k in state_dict if k.startswith(prefix + "blocks.") and ".attn." in k]:
+        state_dict[key.replace(".attn.", ".self_attn.")] = state_dict.pop(key)
 
 
 class PositionLM(nn.Module):
@@ -121,9 +107,10 @@ class PositionLM(nn.Module):
             self.rel_bias = RelativePositionBias(cfg.n_heads, bidirectional=False,
                                                  num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance)
             nn.init.zeros_(self.rel_bias.relative_attention_bias.weight)  # start as NoPE; unseen buckets stay 0
-        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(_PositionBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm("layernorm", cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._register_load_state_dict_pre_hook(_rename_legacy_keys, with_module=True)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` (B, T) -> logits (B, T, V)."""
@@ -135,15 +122,14 @@ class PositionLM(nn.Module):
             x = x + sinusoidal_encoding(t, cfg.d_model).to(dev)
         elif cfg.position == "learned":
             x = x + self.pos(t)  # raises beyond max_positions
-        bias = additive_mask(causal_mask(t, device=dev))[None, None]  # (1, 1, T, T)
+        bias = None  # an additive score bias, the same in every layer
         if cfg.position == "t5":
-            bias = bias + self.rel_bias(t)  # (1, H, T, T), computed once, shared by all layers
+            bias = self.rel_bias(t)  # (1, H, T, T), computed once, shared by all layers
         elif cfg.position == "alibi":
-            bias = bias + alibi_bias(cfg.n_heads, t, device=dev)[None]  # (1, H, T, T)
-        bias = bias.clamp(min=torch.finfo(x.dtype).min)  # finfo.min + a negative bias must not reach -inf
+            bias = alibi_bias(cfg.n_heads, t, device=dev)[None]  # (1, H, T, T)
         rope = rope_cos_sin(torch.arange(t, device=dev), cfg.d_head, base=cfg.rope_base) if cfg.position == "rope" else None
         for block in self.blocks:
-            x = block(x, bias, rope)
+            x = block(x, bias=bias, is_causal=True, rope=rope)  # the attention adds bias, then masks
         return self.head(self.norm(x))  # (B, T, V)
 
 
