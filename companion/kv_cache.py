@@ -59,8 +59,8 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        """Number of tokens cached (read before a forward pass: layer 0's length)."""
-        k = self.keys[0]
+        """Number of tokens cached (read before a forward pass: the first filled layer's length)."""
+        k = next((k for k in self.keys if k is not None), None)  # layer 0 in a model; any layer when used alone
         return 0 if k is None else k.shape[2]
 
     def has(self, layer: int) -> bool:
