@@ -27,7 +27,7 @@ from ._checks import ShapeChecker, check_positive_int
 from .blocks import NormKind, TransformerBlock, make_norm
 from .data import random_batch
 from .masks import causal_mask
-from .training import TrainConfig, train
+from .training import TrainConfig, lm_loss, train  # lm_loss re-exported
 
 __all__ = [
     "StackConfig",
@@ -115,13 +115,6 @@ class StackLM(nn.Module):
                 x.retain_grad()
                 self.hidden.append(x)
         return self.head(self.norm_f(x))  # (B, T, V)
-
-
-def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Next-token cross-entropy of ``model`` on ``(x, y)``, both (B, T); the ``loss_fn`` of :func:`companion.training.train`."""
-    x, y = batch
-    logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 def block_grad_norms(model: StackLM, param: str | None = None) -> torch.Tensor:

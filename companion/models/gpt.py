@@ -23,6 +23,7 @@ from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..kv_cache import KVCache
 from ..masks import causal_mask
+from ..training import lm_loss  # re-exported: the one loss of every language model
 from ._hf import copy_by_name_map, hf_source
 
 __all__ = [
@@ -337,14 +338,7 @@ def from_hf_openai_gpt(source) -> GPT:
     return _load(model, sd, names)
 
 
-# --------------------------------------------------------------------------- language-model loss
-
-
-def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats per token) of ``model`` on ``(x, y)``, both ``(B, T)``."""
-    x, y = batch
-    logits = model(x)  # (B, T, V)
-    return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+# --------------------------------------------------------------------------- held-out evaluation
 
 
 @torch.no_grad()

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from ..training import History, TrainConfig, train
+from ..training import History, TrainConfig, lm_loss, train
 from ..positional import (
     LearnedPositionalEmbedding,
     RelativePositionBias,
@@ -131,14 +130,6 @@ class PositionLM(nn.Module):
         for block in self.blocks:
             x = block(x, bias=bias, is_causal=True, rope=rope)  # the attention adds bias, then masks
         return self.head(self.norm(x))  # (B, T, V)
-
-
-def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], *, reduction: str = "mean") -> torch.Tensor:
-    """Next-character cross-entropy; ``reduction="none"`` gives the loss per position, shape (B, T)."""
-    x, y = batch
-    logits = model(x)  # (B, T, V)
-    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)
-    return loss if reduction == "mean" else loss.view_as(y)
 
 
 # ---------------------------------------------------------------- the extrapolation experiment
