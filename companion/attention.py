@@ -14,6 +14,8 @@ section 3.2.2.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -31,6 +33,7 @@ __all__ = [
     "merge_heads",
     "repeat_kv",
     "MultiHeadAttention",
+    "record_attention",
 ]
 
 Backend = Literal["manual", "sdpa"]
@@ -273,6 +276,7 @@ class MultiHeadAttention(nn.Module):
         self.scale, self.layer_idx = scale, layer_idx
         self.dropout = check_probability("dropout", dropout)
         self.cross, self.backend = cross, backend
+        self.recorded: list[torch.Tensor] | None = None  # set by record_attention()
         d_q, d_kv = n_heads * d_head, n_kv_heads * d_head
         if cross:
             self.q = nn.Linear(d_model, d_q, bias=bias)
@@ -338,14 +342,16 @@ class MultiHeadAttention(nn.Module):
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
                 k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, S, Dh): cached + new
+        kwargs = dict(bias=bias, is_causal=is_causal, scale=self.scale, head_mask=head_mask,
+                      dropout_p=self.dropout if self.training else 0.0)
         result = scaled_dot_product_attention(
-            q, k, v, mask,
-            bias=bias, is_causal=is_causal, scale=self.scale, head_mask=head_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            return_weights=return_weights,
-            backend="manual" if return_weights else self.backend,
+            q, k, v, mask, **kwargs, return_weights=return_weights, backend="manual" if return_weights else self.backend,
         )
         out, weights = result if return_weights else (result, None)
+        if self.recorded is not None:  # inside record_attention(): keep the weights, leave the output untouched
+            if weights is None:
+                weights = scaled_dot_product_attention(q, k, v, mask, **kwargs, return_weights=True, backend="manual")[1]
+            self.recorded.append(weights.detach())  # (B, H, T, S)
         out = self.out(merge_heads(out))  # (B, T, D)
         return (out, weights) if return_weights else out
 
@@ -364,3 +370,29 @@ class MultiHeadAttention(nn.Module):
                 layer.qkv.bias.copy_(mha.in_proj_bias)
                 layer.out.bias.copy_(mha.out_proj.bias)
         return layer
+
+
+@contextmanager
+def record_attention(model: nn.Module, *, cross: bool | None = None) -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Record the attention weights of every :class:`MultiHeadAttention` inside ``model``.
+
+    ``with record_attention(model) as weights: model(...)`` fills ``weights``,
+    a dict from each attention layer's name in ``model`` (for example
+    ``"blocks.0.self_attn"``) to the list of its weights ``(B, H, T, S)``, one
+    per call. The forward pass computes exactly what it computes without
+    recording; the weights are formed beside it with the manual backend.
+    ``cross=True`` records only cross-attention layers, ``cross=False`` only
+    self-attention, ``None`` both. The one way the course records attention.
+    """
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)
+              and (cross is None or m.cross == cross)}
+    if isinstance(model, MultiHeadAttention) and "" in layers:
+        layers = {"": model}
+    records: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
+    for name, m in layers.items():
+        m.recorded = records[name]
+    try:
+        yield records
+    finally:
+        for m in layers.values():
+            m.recorded = None

@@ -253,3 +253,25 @@ def test_cached_self_and_cross_attention_equal_full_computation():
     torch.testing.assert_close(torch.cat(steps_cross, 1), full_cross, **TOL)
     assert cache.length == 6 and cache.cross_attn.length == 5
     assert cache.self_attn.keys[1].shape == (2, 1, 6, 4)  # one kv head cached, not three
+
+
+def test_record_attention_keeps_outputs_and_records_every_call():
+    from companion.attention import record_attention
+    from companion.blocks import TransformerBlock
+
+    torch.manual_seed(0)
+    block = TransformerBlock(12, 3, 20, cross=True).eval()
+    x, ctx = torch.randn(2, 7, 12), torch.randn(2, 5, 12)
+    mask = causal_mask(7)
+    plain = block(x, mask, context=ctx)
+    with record_attention(block) as rec:
+        recorded_out = block(x, mask, context=ctx)
+        block(x, mask, context=ctx)
+    assert torch.equal(recorded_out, plain) and sorted(rec) == ["cross_attn", "self_attn"]
+    assert len(rec["self_attn"]) == 2 and rec["cross_attn"][0].shape == (2, 3, 7, 5)
+    _, want = block.self_attn(block.norm1(x) if block.norm_first else x, mask, return_weights=True)
+    torch.testing.assert_close(rec["self_attn"][0], want, **TOL)
+    assert block.self_attn.recorded is None  # nothing recorded after the block
+    with record_attention(block, cross=False) as rec:
+        block(x, mask, context=ctx)
+    assert list(rec) == ["self_attn"]

@@ -292,3 +292,15 @@ def test_cached_decoding_and_beam_search_through_the_generation_protocol():
             first = out
         else:
             assert torch.equal(out.sequences, first.sequences)
+
+
+def test_cross_attention_weights_are_rows_of_probabilities_even_from_a_training_model():
+    from companion.models.transformer import cross_attention_weights
+
+    model = Transformer(TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
+                                          n_decoder_layers=2, max_len=16, dropout=0.5)).train()
+    src = torch.randint(3, 17, (2, 6))
+    weights = cross_attention_weights(model, src, torch.randint(3, 17, (2, 4)))
+    assert model.training and len(weights) == 2  # mode restored; no dropout on the recorded weights
+    for w in weights:
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4))

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import ShapeChecker, check_positive_int, check_probability
-from ..attention import MultiHeadAttention
+from ..attention import MultiHeadAttention, record_attention
 from ..blocks import TransformerBlock
 from ..generation import generate
 from ..kv_cache import EncoderDecoderCache
@@ -317,26 +317,18 @@ def cross_attention_weights(
 ) -> list[torch.Tensor]:
     """Cross-attention weights of every decoder layer, each ``(B, H, T, S)``, for teacher-forced inputs.
 
-    Runs the model once (in eval mode) with a hook that records what each
-    decoder layer's cross-attention receives, then recomputes that attention
-    with ``return_weights=True``. Row ``t`` of a weight matrix says which source
-    positions decoder input ``t`` reads.
+    Runs the model once (in eval mode) inside :func:`companion.attention.record_attention`,
+    which keeps the weights each decoder layer's cross-attention forms. Row ``t``
+    of a weight matrix says which source positions decoder input ``t`` reads.
     """
-    captured = []
-
-    def record(module, args, kwargs):
-        captured.append((module, args, kwargs))
-
-    handles = [block.cross_attn.register_forward_pre_hook(record, with_kwargs=True) for block in model.decoder]
     was_training = model.training
     model.eval()
     try:
-        model(src, tgt_in, src_attention_mask)
+        with record_attention(model.decoder, cross=True) as weights:
+            model(src, tgt_in, src_attention_mask)
     finally:
-        for handle in handles:
-            handle.remove()
         model.train(was_training)
-    return [module(*args, **kwargs, return_weights=True)[1] for module, args, kwargs in captured]  # each (B, H, T, S)
+    return [weights[f"{i}.cross_attn"][0] for i in range(len(model.decoder))]  # each (B, H, T, S)
 
 
 # ---------------------------------------------------------------- weights from torch.nn
