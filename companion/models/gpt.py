@@ -73,6 +73,16 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
     @property
+    def max_positions(self) -> int:
+        """The course's name (CONTRIBUTING, "Names") for ``block_size``."""
+        return self.block_size
+
+    @property
+    def norm_eps(self) -> float:
+        """The course's name for ``layer_norm_eps``."""
+        return self.layer_norm_eps
+
+    @property
     def ff_size(self) -> int:
         """The feed-forward hidden size F actually used."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff

@@ -82,6 +82,11 @@ class TransformerConfig:
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def max_positions(self) -> int:
+        """The course's name (CONTRIBUTING, "Names") for ``max_len``."""
+        return self.max_len
+
 
 # The paper's base model (Table 3, row "base") with a 37000-token shared vocabulary (section 5.1).
 TRANSFORMER_BASE = TransformerConfig(vocab_size=37000)
