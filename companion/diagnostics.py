@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ._checks import ShapeChecker, check_positive_int
@@ -159,8 +158,7 @@ def grad_profile(cfg: StackConfig, batch: tuple[torch.Tensor, torch.Tensor], see
     for seed in seed_list:
         torch.manual_seed(seed)
         model = StackLM(cfg)
-        logits = model(x, keep_hidden=True)  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))
+        loss = lm_loss(lambda ids: model(ids, keep_hidden=True), (x, y))  # keeps the hidden states for their gradients
         loss.backward()
         block.append(block_grad_norms(model))
         w2.append(block_grad_norms(model, "ffn.down.weight"))

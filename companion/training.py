@@ -21,7 +21,7 @@ from ._checks import check_positive_int
 __all__ = ["TrainConfig", "History", "lr_at", "train", "lm_loss"]
 
 
-def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], *, reduction: str = "mean") -> torch.Tensor:
+def lm_loss(model: Callable[[torch.Tensor], torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], *, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy (nats per token) of a language model on ``(x, y)``, both ``(B, T)``.
 
     ``model(x)`` gives logits ``(B, T, V)``; ``y[b, t]`` is the token after ``x[b, t]``.

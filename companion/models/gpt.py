@@ -367,7 +367,6 @@ def evaluate_lm(model: nn.Module, ids: torch.Tensor, block_size: int, batch_size
     y = ids[1 : n * block_size + 1].view(n, block_size)  # (N, T)
     total = 0.0
     for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size])  # (b, T, V)
-        total += nn.functional.cross_entropy(logits.flatten(0, 1), y[i : i + batch_size].flatten(), reduction="sum").item()
+        total += lm_loss(model, (x[i : i + batch_size], y[i : i + batch_size]), reduction="sum").item()
     model.train(was_training)
     return total / (n * block_size)
