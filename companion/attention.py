@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import ShapeChecker, check_positive_int, check_probability
+from ._loading import copy_by_name_map
 from .kv_cache import KVCache
 from .masks import causal_mask
 from .positional import apply_rope
@@ -356,19 +357,33 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if return_weights else out
 
     @classmethod
-    def from_torch(cls, mha: nn.MultiheadAttention) -> "MultiHeadAttention":
-        """Build a self-attention layer holding the same weights as an ``nn.MultiheadAttention``."""
+    def from_torch(cls, mha: nn.MultiheadAttention, *, cross: bool = False) -> "MultiHeadAttention":
+        """A layer holding the same weights as an ``nn.MultiheadAttention``.
+
+        ``in_proj_weight`` rows ``[0, D)`` are ``W_Q``, ``[D, 2D)`` ``W_K``, ``[2D, 3D)``
+        ``W_V``: the fused ``qkv`` layout, or split into ``q`` and ``kv`` with ``cross=True``.
+        """
         if not isinstance(mha, nn.MultiheadAttention):
             raise TypeError(f"expected nn.MultiheadAttention, got {type(mha).__name__}")
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError("only nn.MultiheadAttention with kdim = vdim = embed_dim and no bias_k/add_zero_attn is supported")
-        layer = cls(mha.embed_dim, mha.num_heads, bias=mha.in_proj_bias is not None, dropout=mha.dropout)
-        with torch.no_grad():
-            layer.qkv.weight.copy_(mha.in_proj_weight)
-            layer.out.weight.copy_(mha.out_proj.weight)
-            if mha.in_proj_bias is not None:
-                layer.qkv.bias.copy_(mha.in_proj_bias)
-                layer.out.bias.copy_(mha.out_proj.bias)
+        d, has_bias = mha.embed_dim, mha.in_proj_bias is not None
+        layer = cls(d, mha.num_heads, bias=has_bias, dropout=mha.dropout, cross=cross)
+        source = dict(mha.state_dict())
+        names = {"out.weight": "out_proj.weight"}
+        if cross:  # the query rows and the key/value rows become two layers
+            source.update({"q_rows.weight": mha.in_proj_weight[:d], "kv_rows.weight": mha.in_proj_weight[d:]})
+            names.update({"q.weight": "q_rows.weight", "kv.weight": "kv_rows.weight"})
+        else:
+            names["qkv.weight"] = "in_proj_weight"
+        if has_bias:
+            names["out.bias"] = "out_proj.bias"
+            if cross:
+                source.update({"q_rows.bias": mha.in_proj_bias[:d], "kv_rows.bias": mha.in_proj_bias[d:]})
+                names.update({"q.bias": "q_rows.bias", "kv.bias": "kv_rows.bias"})
+            else:
+                names["qkv.bias"] = "in_proj_bias"
+        copy_by_name_map(layer, source, names, ignore=[r"^in_proj_(weight|bias)$"] if cross else [])
         return layer
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import ShapeChecker, check_positive_int, check_probability
+from ._loading import copy_by_name_map
 from .attention import MultiHeadAttention
 
 __all__ = [
@@ -331,15 +332,17 @@ class TransformerBlock(Block):
                          norm_first=norm_first, dropout=dropout)
 
     @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "TransformerBlock":
-        """A block holding the same weights as a ``batch_first`` ``nn.TransformerEncoderLayer``.
+    def from_torch(cls, layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> "TransformerBlock":
+        """A block holding the same weights as a ``batch_first`` ``nn.TransformerEncoderLayer`` or ``nn.TransformerDecoderLayer``.
 
-        Mapping: ``self_attn`` -> ``self_attn`` (fused q, k, v), ``linear1`` ->
-        ``ffn.up``, ``linear2`` -> ``ffn.down``, ``norm1``/``norm2`` -> ``norm1``/``norm2``;
+        Mapping: ``self_attn`` -> ``self_attn`` (fused q, k, v), ``multihead_attn`` ->
+        ``cross_attn`` (decoder), ``linear1`` -> ``ffn.up``, ``linear2`` -> ``ffn.down``;
+        norms in order of their sublayers: torch's ``norm1, norm2`` (encoder) or
+        ``norm1, norm2, norm3`` (decoder) -> ``norm1, [norm_cross,] norm2``.
         ``norm_first`` and the norm's eps are copied. Dropout is set to 0.
         """
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise TypeError(f"expected nn.TransformerEncoderLayer, got {type(layer).__name__}")
+        if not isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+            raise TypeError(f"expected nn.TransformerEncoderLayer or nn.TransformerDecoderLayer, got {type(layer).__name__}")
         if not layer.self_attn.batch_first:
             raise ValueError("only batch_first=True layers are supported: build it with batch_first=True")
         act = layer.activation
@@ -351,15 +354,23 @@ class TransformerBlock(Block):
             raise ValueError(f"only relu and gelu activations are supported, got {act!r}")
         if not isinstance(layer.norm1, nn.LayerNorm):
             raise ValueError(f"only LayerNorm layers are supported, got {type(layer.norm1).__name__}")
+        decoder = isinstance(layer, nn.TransformerDecoderLayer)
         d_model, d_ff = layer.linear1.in_features, layer.linear1.out_features
         block = cls(
             d_model, layer.self_attn.num_heads, d_ff,
-            norm_first=layer.norm_first, activation=activation, norm_eps=layer.norm1.eps,
+            norm_first=layer.norm_first, cross=decoder, activation=activation, norm_eps=layer.norm1.eps,
         )
-        with torch.no_grad():
-            block.self_attn.load_state_dict(MultiHeadAttention.from_torch(layer.self_attn).state_dict())
-            block.ffn.up.load_state_dict(layer.linear1.state_dict())
-            block.ffn.down.load_state_dict(layer.linear2.state_dict())
-            block.norm1.load_state_dict(layer.norm1.state_dict())
-            block.norm2.load_state_dict(layer.norm2.state_dict())
+        # Source: torch's own tensors, plus its attention layers converted to ours (under our names).
+        source = dict(layer.state_dict())
+        attn = {"self_attn": MultiHeadAttention.from_torch(layer.self_attn)}
+        if decoder:
+            attn["cross_attn"] = MultiHeadAttention.from_torch(layer.multihead_attn, cross=True)
+        for prefix, module in attn.items():
+            source.update({f"ours.{prefix}.{k}": v for k, v in module.state_dict().items()})
+        names = {n: f"ours.{n}" for n in block.state_dict() if n.split(".")[0] in attn}
+        torch_norms = ("norm1", "norm2", "norm3") if decoder else ("norm1", "norm2")
+        our_norms = ("norm1", "norm_cross", "norm2") if decoder else ("norm1", "norm2")
+        for ours, theirs in [("ffn.up", "linear1"), ("ffn.down", "linear2"), *zip(our_norms, torch_norms)]:
+            names.update({f"{ours}.weight": f"{theirs}.weight", f"{ours}.bias": f"{theirs}.bias"})
+        copy_by_name_map(block, source, names, ignore=[r"^(self_attn|multihead_attn)\."])
         return block

@@ -281,3 +281,16 @@ def test_block_composes_its_parts_and_passes_bias_and_mask(norm_first):
     torch.testing.assert_close(got, want, **TOL)
     with pytest.raises(ValueError, match="cross_attn and norm_cross together"):
         Block(attn, ffn, n1, n2, cross_attn=attn)
+
+
+def test_pre_ln_decoder_layer_from_torch_equals_torch():
+    torch.manual_seed(0)
+    ref = nn.TransformerDecoderLayer(12, 3, 29, dropout=0.0, batch_first=True, norm_first=True, activation="gelu").eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # LayerNorm biases and weights away from 0 and 1
+    block = TransformerBlock.from_torch(ref).eval()
+    assert block.cross and block.norm_first
+    x, ctx = torch.randn(2, 7, 12), torch.randn(2, 5, 12)
+    mask = causal_mask(7)
+    torch.testing.assert_close(block(x, mask, context=ctx), ref(x, ctx, tgt_mask=~mask), **TOL)

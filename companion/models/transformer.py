@@ -337,27 +337,7 @@ def cross_attention_weights(
 
 
 # ---------------------------------------------------------------- weights from torch.nn
-# (Encoder layers: ``TransformerBlock.from_torch``; decoder layers need the cross-attention too.)
-
-def _copy_mha(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    d = ours.d_model
-    w, b = theirs.in_proj_weight, theirs.in_proj_bias  # rows [0, D) W_Q, [D, 2D) W_K, [2D, 3D) W_V
-    if ours.cross:
-        ours.q.weight.copy_(w[:d])
-        ours.q.bias.copy_(b[:d])
-        ours.kv.weight.copy_(w[d:])
-        ours.kv.bias.copy_(b[d:])
-    else:
-        ours.qkv.weight.copy_(w)
-        ours.qkv.bias.copy_(b)
-    ours.out.weight.copy_(theirs.out_proj.weight)
-    ours.out.bias.copy_(theirs.out_proj.bias)
-
-
-def _copy_linear_norm(ours: nn.Module, theirs: nn.Module) -> None:
-    ours.weight.copy_(theirs.weight)
-    ours.bias.copy_(theirs.bias)
-
+# (``TransformerBlock.from_torch`` converts both kinds; this keeps Chapter 4's post-LN, ReLU check.)
 
 def _check_torch_layer(layer: nn.Module, kind: type) -> None:
     if not isinstance(layer, kind):
@@ -377,14 +357,4 @@ def block_from_torch_decoder_layer(layer: nn.TransformerDecoderLayer) -> Transfo
     the FFN; the companion names are ``norm1, norm_cross, norm2``.
     """
     _check_torch_layer(layer, nn.TransformerDecoderLayer)
-    d, f = layer.linear1.in_features, layer.linear1.out_features
-    block = TransformerBlock(d, layer.self_attn.num_heads, f, norm_first=False, cross=True, activation="relu",
-                             norm_eps=layer.norm1.eps)
-    _copy_mha(block.self_attn, layer.self_attn)
-    _copy_mha(block.cross_attn, layer.multihead_attn)
-    _copy_linear_norm(block.ffn.up, layer.linear1)
-    _copy_linear_norm(block.ffn.down, layer.linear2)
-    _copy_linear_norm(block.norm1, layer.norm1)
-    _copy_linear_norm(block.norm_cross, layer.norm2)
-    _copy_linear_norm(block.norm2, layer.norm3)
-    return block.eval()
+    return TransformerBlock.from_torch(layer).eval()
