@@ -251,13 +251,14 @@ class Block(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         head_mask: torch.Tensor | None = None,
         context_bias: torch.Tensor | None = None,
+        context_head_mask: torch.Tensor | None = None,
         cache=None,
     ) -> torch.Tensor:
         """``x`` (B, T, D) -> (B, T, D).
 
         ``mask``, ``bias``, ``is_causal``, ``rope`` and ``head_mask`` go to the
-        self-attention; ``context`` (B, S, D), ``context_mask`` and ``context_bias``
-        to the cross-attention. ``cache`` is a :class:`~companion.kv_cache.KVCache`
+        self-attention; ``context`` (B, S, D), ``context_mask``, ``context_bias``
+        and ``context_head_mask`` to the cross-attention. ``cache`` is a :class:`~companion.kv_cache.KVCache`
         (self-attention) or an :class:`~companion.kv_cache.EncoderDecoderCache`
         (both parts).
         """
@@ -270,7 +271,7 @@ class Block(nn.Module):
             if context is None and cross_cache is None:
                 raise ValueError("this block has cross-attention: pass context of shape (B, S, D)")
             x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
-                h, context_mask, context=context, bias=context_bias, head_mask=head_mask, cache=cross_cache))
+                h, context_mask, context=context, bias=context_bias, head_mask=context_head_mask, cache=cross_cache))
         elif context is not None:
             raise ValueError("this block has no cross-attention; build it with cross=True to pass a context")
         return self._residual(x, self.norm2, self.ffn)  # (B, T, D)
