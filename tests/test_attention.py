@@ -275,3 +275,26 @@ def test_record_attention_keeps_outputs_and_records_every_call():
     with record_attention(block, cross=False) as rec:
         block(x, mask, context=ctx)
     assert list(rec) == ["self_attn"]
+
+
+def test_grouped_query_attention_with_rope_equals_hugging_face_llama():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    from companion.positional import rope_cos_sin
+
+    cfg = transformers.LlamaConfig(hidden_size=20, num_attention_heads=4, num_key_value_heads=2, head_dim=6,
+                                   attention_bias=False, attention_dropout=0.0, max_position_embeddings=32)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    hf = LlamaAttention(cfg, layer_idx=0).eval()
+    ours = MultiHeadAttention(20, 4, d_head=6, n_kv_heads=2, bias=False).eval()  # D = 20, H * Dh = 24
+    with torch.no_grad():
+        ours.qkv.weight.copy_(torch.cat([hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight]))
+        ours.out.weight.copy_(hf.o_proj.weight)
+    x = torch.randn(2, 9, 20)
+    hf_rope = LlamaRotaryEmbedding(cfg)(x, torch.arange(9)[None])
+    with torch.no_grad():
+        want = hf(x, position_embeddings=hf_rope, attention_mask=None)[0]
+        got = ours(x, is_causal=True, rope=rope_cos_sin(9, 6))
+    torch.testing.assert_close(got, want, **TOL)
