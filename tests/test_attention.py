@@ -298,3 +298,29 @@ def test_grouped_query_attention_with_rope_equals_hugging_face_llama():
         want = hf(x, position_embeddings=hf_rope, attention_mask=None)[0]
         got = ours(x, is_causal=True, rope=rope_cos_sin(9, 6))
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_unscaled_attention_with_relative_bias_and_padding_equals_hugging_face_t5():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from companion.positional import RelativePositionBias
+
+    cfg = transformers.T5Config(d_model=20, d_kv=6, num_heads=4, dropout_rate=0.0,
+                                relative_attention_num_buckets=8, relative_attention_max_distance=16)
+    torch.manual_seed(0)
+    hf = T5Attention(cfg, has_relative_attention_bias=True).eval()
+    ours = MultiHeadAttention(20, 4, d_head=6, scale=1.0, bias=False).eval()  # T5: no 1/sqrt(Dh), no biases
+    rel = RelativePositionBias(4, bidirectional=True, num_buckets=8, max_distance=16)
+    with torch.no_grad():
+        ours.qkv.weight.copy_(torch.cat([hf.q.weight, hf.k.weight, hf.v.weight]))
+        ours.out.weight.copy_(hf.o.weight)
+        rel.relative_attention_bias.weight.copy_(hf.relative_attention_bias.weight)
+    x = torch.randn(2, 11, 20)
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[1, 8:] = False
+    hf_mask = torch.zeros(2, 1, 1, 11).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        want = hf(x, mask=hf_mask)[0]
+        got = ours(x, padding_mask(keep), bias=rel(11))
+    torch.testing.assert_close(got, want, **TOL)
