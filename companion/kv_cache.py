@@ -28,7 +28,9 @@ def kv_cache_bytes(
 ) -> int:
     """Theoretical size of a KV cache: ``2 * n_layers * n_heads * d_head * seq_len * bytes_per_element`` per sequence.
 
-    The factor 2 counts keys and values. ``bytes_per_element`` is 4 for float32,
+    The factor 2 counts keys and values. With grouped-query or multi-query
+    attention only the key/value heads are cached: pass ``n_kv_heads`` as ``n_heads``.
+    ``bytes_per_element`` is 4 for float32,
     2 for float16/bfloat16. Multiply by ``batch_size`` sequences.
     """
     for name, value in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
