@@ -1,14 +1,21 @@
 """Scaled dot-product attention and multi-head attention (Chapter 2).
 
-Shape legend: B batch, H heads, T query length, S key length, Dh head size,
-Dv value size, D model size (``D = H * Dh``).
+Shape legend: B batch, H query heads, Hkv key/value heads, T query length,
+S key length (cached + new), Dh head size, Dv value size, D model size (by
+default ``D = H * Dh``).
 
 Masks follow ``companion.masks``: boolean, ``True`` = may attend, broadcastable
 to ``(B, H, T, S)``. A query whose every key is masked gets an output of zeros
 (not NaN), whichever backend computes it.
 
-Reference: Vaswani et al. (2017), "Attention Is All You Need", eq. (1) and
-section 3.2.2.
+The extension points every later model plugs into: an additive score
+``bias`` (T5's relative bias, ALiBi), ``is_causal`` (bottom-right aligned),
+``scale``, a head size independent of ``D``, fewer key/value heads (MQA/GQA),
+a ``head_mask``, cross-attention, RoPE and a KV cache; and
+:func:`record_attention` to read the weights of any model.
+
+References: Vaswani et al. (2017), "Attention Is All You Need", eq. (1) and
+section 3.2.2; Shazeer (2019) (multi-query); Ainslie et al. (2023) (grouped-query).
 """
 
 from __future__ import annotations
