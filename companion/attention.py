@@ -293,14 +293,10 @@ class MultiHeadAttention(nn.Module):
             self.qkv = nn.Linear(d_model, d_q + 2 * d_kv, bias=bias)
         self.out = nn.Linear(d_q, d_model, bias=bias)
 
-    def _split(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
-
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of a cross-attention layer, each ``(B, Hkv, S, Dh)``."""
         k, v = self.kv(context).split(self.n_kv_heads * self.d_head, dim=-1)  # 2 x (B, S, Hkv Dh)
-        return self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+        return split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
 
     def forward(
         self,
@@ -330,7 +326,7 @@ class MultiHeadAttention(nn.Module):
         sc = ShapeChecker()
         sc.check("x", x, ("B", "T", self.d_model))
         if self.cross:
-            q = self._split(self.q(x), self.n_heads)  # (B, H, T, Dh)
+            q = split_heads(self.q(x), self.n_heads)  # (B, H, T, Dh)
             if cache is not None and cache.has(self.layer_idx):
                 k, v = cache.keys[self.layer_idx], cache.values[self.layer_idx]  # (B, Hkv, S, Dh)
             else:
@@ -345,7 +341,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("a self-attention layer takes no context; build it with cross=True")
             d_q, d_kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
             q, k, v = self.qkv(x).split((d_q, d_kv, d_kv), dim=-1)  # (B, T, H Dh), 2 x (B, T, Hkv Dh)
-            q, k, v = self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+            q, k, v = split_heads(q, self.n_heads), split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
             if rope is not None:
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
