@@ -19,11 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import ShapeChecker, check_positive_int, check_probability
+from ._loading import copy_by_name_map
 from .attention import MultiHeadAttention
 
-__all__ = ["layer_norm", "rms_norm", "residual", "RMSNorm", "FeedForward", "TransformerBlock", "make_norm"]
+__all__ = [
+    "layer_norm", "rms_norm", "residual", "RMSNorm", "make_norm",
+    "FeedForward", "GatedFeedForward", "Block", "TransformerBlock",
+]
 
-Activation = Literal["relu", "gelu", "gelu_tanh"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 NormKind = Literal["layernorm", "rmsnorm"]
 
 
@@ -109,11 +113,20 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5) -> nn.Module:
-    """``"layernorm"`` -> ``nn.LayerNorm``; ``"rmsnorm"`` -> :class:`RMSNorm`."""
+def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool | None = None) -> nn.Module:
+    """``"layernorm"`` -> ``nn.LayerNorm``; ``"rmsnorm"`` -> :class:`RMSNorm`.
+
+    ``bias`` switches LayerNorm's additive bias (default: on; GPT-2 without
+    biases, T5 and LLaMA-style models have none). RMSNorm never has one.
+    """
+    check_positive_int("d_model", d_model)
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
     if kind == "layernorm":
-        return nn.LayerNorm(d_model, eps=eps)
+        return nn.LayerNorm(d_model, eps=eps, bias=True if bias is None else bias)
     if kind == "rmsnorm":
+        if bias:
+            raise ValueError("RMSNorm has no bias: call make_norm('rmsnorm', d, eps, bias=False)")
         return RMSNorm(d_model, eps=eps)
     raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
 
@@ -122,6 +135,7 @@ _ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
+    "silu": F.silu,  # Swish with beta = 1; in a gated FFN: SwiGLU
 }
 
 
@@ -144,8 +158,127 @@ class FeedForward(nn.Module):
         return self.down(self.drop(_ACTIVATIONS[self.activation](self.up(x))))  # (B, T, D)
 
 
-class TransformerBlock(nn.Module):
-    """One Transformer layer: self-attention, optional cross-attention, FFN, each with a residual.
+class GatedFeedForward(nn.Module):
+    """Gated feed-forward network: ``W_down (act(W_gate x) * W_up x)`` (Shazeer, 2020, "GLU Variants").
+
+    ``activation="gelu_tanh"`` is T5 v1.1's gated GELU (GEGLU), ``"silu"`` is
+    SwiGLU (PaLM, LLaMA). Three matrices instead of two: at equal parameter
+    count ``d_ff`` is usually ``2/3`` of the plain FFN's.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: Activation = "gelu_tanh", dropout: float = 0.0, bias: bool = False) -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        self.activation = activation
+        self.gate = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff), bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.drop = nn.Dropout(check_probability("dropout", dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _ACTIVATIONS[self.activation](self.gate(x)) * self.up(x)  # (B, T, F)
+        return self.down(self.drop(h))  # (B, T, D)
+
+
+class Block(nn.Module):
+    """One Transformer layer assembled from the parts it is given: attention, FFN and norms.
+
+    Each sublayer sits in a residual connection, :func:`residual`: pre-LN
+    ``x + drop(sublayer(norm(x)))`` or post-LN ``norm(x + drop(sublayer(x)))``.
+    Order: self-attention, then cross-attention (if given), then the FFN.
+
+    Any module with the call signature of :class:`~companion.attention.MultiHeadAttention`
+    serves as attention, any ``(B, T, D) -> (B, T, D)`` module as FFN
+    (:class:`FeedForward`, :class:`GatedFeedForward`, a mixture of experts), any
+    norm (:func:`make_norm`) or ``nn.Identity`` as a norm.
+
+    Args:
+        self_attn: self-attention module.
+        ffn: feed-forward module.
+        norm1, norm2: norms of the self-attention and FFN sublayers.
+        cross_attn, norm_cross: cross-attention and its norm (both or neither).
+        norm_first: pre-LN if True, post-LN if False.
+        dropout: on each sublayer's output.
+    """
+
+    # The order of parameters() follows this registration order, and it is not
+    # neutral: gradient clipping sums the squared norms in that order, so a
+    # different order changes a seeded training run in its last bits. Each model
+    # keeps the order it was trained with (GPT's here; see TransformerBlock).
+    registration_order: tuple[str, ...] = ("norm1", "self_attn", "norm_cross", "cross_attn", "norm2", "ffn")
+
+    def __init__(
+        self,
+        self_attn: nn.Module,
+        ffn: nn.Module,
+        norm1: nn.Module,
+        norm2: nn.Module,
+        *,
+        cross_attn: nn.Module | None = None,
+        norm_cross: nn.Module | None = None,
+        norm_first: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(norm_first, bool):
+            raise TypeError(f"norm_first must be a bool, got {type(norm_first).__name__}")
+        if (cross_attn is None) != (norm_cross is None):
+            raise ValueError("pass cross_attn and norm_cross together (a cross-attention sublayer needs its norm)")
+        for name, m in (("self_attn", self_attn), ("ffn", ffn), ("norm1", norm1), ("norm2", norm2)):
+            if not isinstance(m, nn.Module):
+                raise TypeError(f"{name} must be an nn.Module, got {type(m).__name__}")
+        self.norm_first, self.cross = norm_first, cross_attn is not None
+        self.d_model = getattr(self_attn, "d_model", None)  # D, checked on every call when known
+        parts = dict(norm1=norm1, self_attn=self_attn, norm_cross=norm_cross, cross_attn=cross_attn, norm2=norm2, ffn=ffn)
+        for name in self.registration_order:
+            if parts[name] is not None:
+                setattr(self, name, parts[name])
+        self.drop = nn.Dropout(check_probability("dropout", dropout))
+
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
+        return residual(x, lambda h: self.drop(sublayer(h)), norm, norm_first=self.norm_first)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
+        *,
+        bias: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        head_mask: torch.Tensor | None = None,
+        context_bias: torch.Tensor | None = None,
+        context_head_mask: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """``x`` (B, T, D) -> (B, T, D).
+
+        ``mask``, ``bias``, ``is_causal``, ``rope`` and ``head_mask`` go to the
+        self-attention; ``context`` (B, S, D), ``context_mask``, ``context_bias``
+        and ``context_head_mask`` to the cross-attention. ``cache`` is a :class:`~companion.kv_cache.KVCache`
+        (self-attention) or an :class:`~companion.kv_cache.EncoderDecoderCache`
+        (both parts).
+        """
+        ShapeChecker().check("x", x, ("B", "T", self.d_model))
+        self_cache = getattr(cache, "self_attn", cache)
+        cross_cache = getattr(cache, "cross_attn", None)
+        x = self._residual(x, self.norm1, lambda h: self.self_attn(
+            h, mask, bias=bias, is_causal=is_causal, rope=rope, head_mask=head_mask, cache=self_cache))
+        if self.cross:
+            if context is None and cross_cache is None:
+                raise ValueError("this block has cross-attention: pass context of shape (B, S, D)")
+            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
+                h, context_mask, context=context, bias=context_bias, head_mask=context_head_mask, cache=cross_cache))
+        elif context is not None:
+            raise ValueError("this block has no cross-attention; build it with cross=True to pass a context")
+        return self._residual(x, self.norm2, self.ffn)  # (B, T, D)
+
+
+class TransformerBlock(Block):
+    """A :class:`Block` built from sizes: multi-head attention, optional cross-attention, FFN, norms.
 
     ``norm_first=False`` is the original **post-LN** layer,
     ``x = norm(x + sublayer(x))``; ``norm_first=True`` is **pre-LN**,
@@ -158,7 +291,14 @@ class TransformerBlock(nn.Module):
         dropout: dropout on each sublayer's output and on the attention weights.
         activation: FFN activation.
         norm: ``"layernorm"`` or ``"rmsnorm"``.
+        norm_eps: epsilon of every norm.
+        bias: biases in the projections and in LayerNorms.
+        gated: a :class:`GatedFeedForward` instead of :class:`FeedForward`.
+        d_head, n_kv_heads: passed to :class:`~companion.attention.MultiHeadAttention`.
+        layer_idx: this layer's slot in a KV cache.
     """
+
+    registration_order = ("self_attn", "norm1", "cross_attn", "norm_cross", "ffn", "norm2")  # Chapter 4's order
 
     def __init__(
         self,
@@ -172,49 +312,38 @@ class TransformerBlock(nn.Module):
         activation: Activation = "relu",
         norm: NormKind = "layernorm",
         norm_eps: float = 1e-5,
+        bias: bool = True,
+        gated: bool = False,
+        d_head: int | None = None,
+        n_kv_heads: int | None = None,
+        layer_idx: int = 0,
     ) -> None:
-        super().__init__()
-        self.d_model, self.norm_first, self.cross = d_model, norm_first, cross
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
-        self.norm1 = make_norm(norm, d_model, norm_eps)
-        if cross:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, cross=True)
-            self.norm_cross = make_norm(norm, d_model, norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=0.0)
-        self.norm2 = make_norm(norm, d_model, norm_eps)
-        self.drop = nn.Dropout(check_probability("dropout", dropout))
-
-    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
-        return residual(x, lambda h: self.drop(sublayer(h)), norm, norm_first=self.norm_first)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        context: torch.Tensor | None = None,
-        context_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``x`` (B, T, D); ``mask`` for self-attention; ``context`` (B, S, D) and ``context_mask`` for cross-attention."""
-        ShapeChecker().check("x", x, ("B", "T", self.d_model))
-        x = self._residual(x, self.norm1, lambda h: self.self_attn(h, mask=mask))
-        if self.cross:
-            if context is None:
-                raise ValueError("this block has cross-attention: pass context of shape (B, S, D)")
-            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(h, context_mask, context=context))
-        elif context is not None:
-            raise ValueError("this block has no cross-attention; build it with cross=True to pass a context")
-        return self._residual(x, self.norm2, self.ffn)  # (B, T, D)
+        norm_bias = bias if norm == "layernorm" else None
+        attn_kw = dict(d_head=d_head, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout, layer_idx=layer_idx)
+        # Creation order (self-attention, its norm, cross-attention, its norm, FFN, norm)
+        # fixes the random initial weights of a seeded model: keep it.
+        self_attn = MultiHeadAttention(d_model, n_heads, **attn_kw)
+        norm1 = make_norm(norm, d_model, norm_eps, norm_bias)
+        cross_attn = MultiHeadAttention(d_model, n_heads, cross=True, **attn_kw) if cross else None
+        norm_cross = make_norm(norm, d_model, norm_eps, norm_bias) if cross else None
+        ffn_cls = GatedFeedForward if gated else FeedForward
+        ffn = ffn_cls(d_model, d_ff, activation=activation, dropout=0.0, bias=bias)
+        norm2 = make_norm(norm, d_model, norm_eps, norm_bias)
+        super().__init__(self_attn, ffn, norm1, norm2, cross_attn=cross_attn, norm_cross=norm_cross,
+                         norm_first=norm_first, dropout=dropout)
 
     @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "TransformerBlock":
-        """A block holding the same weights as a ``batch_first`` ``nn.TransformerEncoderLayer``.
+    def from_torch(cls, layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> "TransformerBlock":
+        """A block holding the same weights as a ``batch_first`` ``nn.TransformerEncoderLayer`` or ``nn.TransformerDecoderLayer``.
 
-        Mapping: ``self_attn`` -> ``self_attn`` (fused q, k, v), ``linear1`` ->
-        ``ffn.up``, ``linear2`` -> ``ffn.down``, ``norm1``/``norm2`` -> ``norm1``/``norm2``;
+        Mapping: ``self_attn`` -> ``self_attn`` (fused q, k, v), ``multihead_attn`` ->
+        ``cross_attn`` (decoder), ``linear1`` -> ``ffn.up``, ``linear2`` -> ``ffn.down``;
+        norms in order of their sublayers: torch's ``norm1, norm2`` (encoder) or
+        ``norm1, norm2, norm3`` (decoder) -> ``norm1, [norm_cross,] norm2``.
         ``norm_first`` and the norm's eps are copied. Dropout is set to 0.
         """
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise TypeError(f"expected nn.TransformerEncoderLayer, got {type(layer).__name__}")
+        if not isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+            raise TypeError(f"expected nn.TransformerEncoderLayer or nn.TransformerDecoderLayer, got {type(layer).__name__}")
         if not layer.self_attn.batch_first:
             raise ValueError("only batch_first=True layers are supported: build it with batch_first=True")
         act = layer.activation
@@ -226,15 +355,23 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"only relu and gelu activations are supported, got {act!r}")
         if not isinstance(layer.norm1, nn.LayerNorm):
             raise ValueError(f"only LayerNorm layers are supported, got {type(layer.norm1).__name__}")
+        decoder = isinstance(layer, nn.TransformerDecoderLayer)
         d_model, d_ff = layer.linear1.in_features, layer.linear1.out_features
         block = cls(
             d_model, layer.self_attn.num_heads, d_ff,
-            norm_first=layer.norm_first, activation=activation, norm_eps=layer.norm1.eps,
+            norm_first=layer.norm_first, cross=decoder, activation=activation, norm_eps=layer.norm1.eps,
         )
-        with torch.no_grad():
-            block.self_attn.load_state_dict(MultiHeadAttention.from_torch(layer.self_attn).state_dict())
-            block.ffn.up.load_state_dict(layer.linear1.state_dict())
-            block.ffn.down.load_state_dict(layer.linear2.state_dict())
-            block.norm1.load_state_dict(layer.norm1.state_dict())
-            block.norm2.load_state_dict(layer.norm2.state_dict())
+        # Source: torch's own tensors, plus its attention layers converted to ours (under our names).
+        source = dict(layer.state_dict())
+        attn = {"self_attn": MultiHeadAttention.from_torch(layer.self_attn)}
+        if decoder:
+            attn["cross_attn"] = MultiHeadAttention.from_torch(layer.multihead_attn, cross=True)
+        for prefix, module in attn.items():
+            source.update({f"ours.{prefix}.{k}": v for k, v in module.state_dict().items()})
+        names = {n: f"ours.{n}" for n in block.state_dict() if n.split(".")[0] in attn}
+        torch_norms = ("norm1", "norm2", "norm3") if decoder else ("norm1", "norm2")
+        our_norms = ("norm1", "norm_cross", "norm2") if decoder else ("norm1", "norm2")
+        for ours, theirs in [("ffn.up", "linear1"), ("ffn.down", "linear2"), *zip(our_norms, torch_norms)]:
+            names.update({f"{ours}.weight": f"{theirs}.weight", f"{ours}.bias": f"{theirs}.bias"})
+        copy_by_name_map(block, source, names, ignore=[r"^(self_attn|multihead_attn)\."])
         return block

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ._checks import ShapeChecker, check_positive_int
 from .blocks import NormKind, TransformerBlock, make_norm
 from .data import random_batch
 from .masks import causal_mask
-from .training import TrainConfig, train
+from .training import TrainConfig, lm_loss, train  # lm_loss re-exported
 
 __all__ = [
     "StackConfig",
@@ -38,8 +37,6 @@ __all__ = [
     "grad_profile",
     "warmup_run",
     "load_warmup_results",
-    "plot_grad_profiles",
-    "grad_profile_explorer",
 ]
 
 Init = Literal["torch", "xavier"]
@@ -117,13 +114,6 @@ class StackLM(nn.Module):
         return self.head(self.norm_f(x))  # (B, T, V)
 
 
-def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Next-token cross-entropy of ``model`` on ``(x, y)``, both (B, T); the ``loss_fn`` of :func:`companion.training.train`."""
-    x, y = batch
-    logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
 def block_grad_norms(model: StackLM, param: str | None = None) -> torch.Tensor:
     """Gradient norm of each block after ``backward()``: shape (L,).
 
@@ -168,8 +158,7 @@ def grad_profile(cfg: StackConfig, batch: tuple[torch.Tensor, torch.Tensor], see
     for seed in seed_list:
         torch.manual_seed(seed)
         model = StackLM(cfg)
-        logits = model(x, keep_hidden=True)  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))
+        loss = lm_loss(lambda ids: model(ids, keep_hidden=True), (x, y))  # keeps the hidden states for their gradients
         loss.backward()
         block.append(block_grad_norms(model))
         w2.append(block_grad_norms(model, "ffn.down.weight"))
@@ -177,70 +166,6 @@ def grad_profile(cfg: StackConfig, batch: tuple[torch.Tensor, torch.Tensor], see
         rms.append(torch.stack([h.detach().pow(2).mean().sqrt() for h in model.hidden]))
         losses.append(loss.detach())
     return GradProfile(torch.stack(block), torch.stack(w2), torch.stack(stream), torch.stack(rms), torch.stack(losses))
-
-
-_QUANTITIES = {
-    "w2": ("layer index l", r"$\|\partial L / \partial W_2^{(l)}\|$"),
-    "block": ("layer index l", r"$\|\partial L / \partial \theta^{(l)}\|$ (all block parameters)"),
-    "stream": ("stream position l (0 = embeddings)", r"$\|\partial L / \partial x_l\|$"),
-}
-
-
-def plot_grad_profiles(profiles: dict[str, GradProfile], quantity: str = "w2", *, title: str = "", ax=None):
-    """Plot one quantity of several :class:`GradProfile` s (mean over seeds, log scale), one line per label."""
-    import matplotlib.pyplot as plt
-
-    if quantity not in _QUANTITIES:
-        raise ValueError(f"quantity must be one of {sorted(_QUANTITIES)}, got {quantity!r}")
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.6))
-    first = 0 if quantity == "stream" else 1
-    for label, prof in profiles.items():
-        values = getattr(prof, quantity).mean(0)  # (L,) or (L + 1,)
-        ax.semilogy(range(first, first + len(values)), values, "o-", ms=3, label=label)
-    xlabel, ylabel = _QUANTITIES[quantity]
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title or "gradient norms at initialisation")
-    ax.legend()
-    return ax
-
-
-def grad_profile_explorer(vocab_size: int, batch: tuple[torch.Tensor, torch.Tensor], *, seeds: int = 1):
-    """Widget: choose the depth, the quantity and the norm; see post-LN and pre-LN profiles side by side.
-
-    Profiles are computed on demand (one forward and backward per seed and
-    placement) and cached.
-    """
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-
-    depth = widgets.SelectionSlider(options=[1, 2, 4, 6, 8, 12, 16, 24, 32], value=12, description="layers L")
-    quantity = widgets.ToggleButtons(options=[("W2 per layer", "w2"), ("block per layer", "block"),
-                                              ("stream", "stream")], value="w2")
-    norm = widgets.ToggleButtons(options=["layernorm", "rmsnorm"], value="layernorm")
-    out = widgets.Output()
-    cache: dict[tuple[int, str, bool], GradProfile] = {}
-    t = batch[0].shape[1]
-
-    def profile(n_layers: int, kind: str, norm_first: bool) -> GradProfile:
-        key = (n_layers, kind, norm_first)
-        if key not in cache:
-            cfg = StackConfig(vocab_size=vocab_size, block_size=t, n_layers=n_layers, norm_first=norm_first, norm=kind)
-            cache[key] = grad_profile(cfg, batch, seeds=seeds)
-        return cache[key]
-
-    def redraw(*_):
-        with out:
-            out.clear_output(wait=True)
-            profs = {f"{'pre' if nf else 'post'}-LN": profile(depth.value, norm.value, nf) for nf in (False, True)}
-            plot_grad_profiles(profs, quantity.value, title=f"L = {depth.value}, {norm.value}")
-            plt.show()
-
-    for w in (depth, quantity, norm):
-        w.observe(redraw, names="value")
-    redraw()
-    return widgets.VBox([depth, quantity, norm, out])
 
 
 def warmup_run(
@@ -293,3 +218,13 @@ def load_warmup_results() -> dict[str, object]:
     from .checkpoints import load_checkpoint
 
     return load_checkpoint(WARMUP_CHECKPOINT)
+
+
+# The figure and the widget of gradient profiles moved to companion.viz.gradients;
+# the names still resolve here, lazily (companion.viz imports this module).
+def __getattr__(name: str):
+    if name in ("plot_grad_profiles", "grad_profile_explorer"):
+        from .viz import gradients as _viz
+
+        return getattr(_viz, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

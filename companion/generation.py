@@ -5,11 +5,19 @@ K beams (``num_beams``).
 
 Every function here works with any *causal language model*: a callable
 ``model(idx, cache=None) -> logits`` taking token ids ``idx`` of shape
-``(B, T)`` and returning logits ``(B, T, V)``. With a
-:class:`companion.kv_cache.KVCache`, ``idx`` holds only the new tokens and the
-model appends each layer's keys and values to the cache (Chapter 9,
-:class:`companion.models.gpt.GPT`). Without a cache the whole sequence is fed
-again at every step ("full recomputation"); both give the same tokens.
+``(B, T)`` and returning logits ``(B, T, V)``. What else the decoders use, if
+the model has it (the protocol :class:`CausalLM`; :class:`companion.models.gpt.GPT`
+has all of it):
+
+* ``model.new_cache()``: an empty cache. With it, ``idx`` holds only the new
+  tokens and the model appends each layer's keys and values to the cache
+  (Chapter 9). Without a cache the whole sequence is fed again at every step
+  ("full recomputation"); both give the same tokens.
+* ``model.max_positions``: the longest sequence it can read (checked up front).
+* ``model(idx, cache=..., attention_mask=...)``: a ``(B, S)`` mask, 1 on real
+  tokens, over everything seen so far. Prompts of different lengths are
+  **left-padded** into one batch and generate what each would alone (Hugging
+  Face ``generate`` does the same).
 
 The samplers follow the definitions of Hugging Face ``transformers``
 (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +54,7 @@ __all__ = [
     "beam_search",
     "beam_search_step",
     "new_cache",
-    "plot_next_token_distribution",
-    "next_token_explorer",
+    "CausalLM",
 ]
 
 LanguageModel = Callable[..., torch.Tensor]
@@ -156,24 +164,43 @@ def sample_next_token(
 
 # --------------------------------------------------------------------------- the cache
 
+@runtime_checkable
+class CausalLM(Protocol):
+    """What :func:`generate` and :func:`beam_search` use from a model, beyond being callable."""
+
+    max_positions: int  # longest sequence (prompt + new tokens) the model reads
+
+    def new_cache(self):  # an empty cache for one generation call
+        ...
+
+    def __call__(self, idx: torch.Tensor, *, cache=None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        ...
+
+
 def _model_config(model: LanguageModel):
     """The companion config of ``model`` (``model.cfg``, or ``model.config`` for stand-ins), or None."""
     return getattr(model, "cfg", None) or getattr(model, "config", None)
 
 
-def new_cache(model: LanguageModel) -> KVCache:
-    """An empty :class:`~companion.kv_cache.KVCache` with one slot per layer of ``model`` (``model.cfg.n_layers``)."""
+def new_cache(model: LanguageModel):
+    """An empty cache for ``model``: ``model.new_cache()``, else a :class:`KVCache` of ``model.cfg.n_layers`` slots."""
+    if callable(getattr(model, "new_cache", None)):
+        return model.new_cache()
     config = _model_config(model)
     if config is None or not hasattr(config, "n_layers"):
-        raise TypeError(f"use_cache=True needs a model with cfg.n_layers (a companion GPT), got {type(model).__name__}")
+        raise TypeError(
+            f"use_cache=True needs a model with a new_cache() method or cfg.n_layers (a companion GPT), "
+            f"got {type(model).__name__}"
+        )
     return KVCache(config.n_layers)
 
 
 def _max_positions(model: LanguageModel) -> int | None:
-    return getattr(_model_config(model), "block_size", None)
+    limit = getattr(model, "max_positions", None)
+    return limit if limit is not None else getattr(_model_config(model), "block_size", None)
 
 
-def _check_prompt(model: LanguageModel, idx: torch.Tensor, max_new_tokens: int) -> None:
+def _check_prompt(model: LanguageModel, idx: torch.Tensor, max_new_tokens: int, attention_mask=None) -> None:
     ShapeChecker().check("idx", idx, ("B", "T"))
     if idx.dtype != torch.long:
         raise TypeError(f"idx must hold token ids as torch.long, got {idx.dtype}")
@@ -183,8 +210,21 @@ def _check_prompt(model: LanguageModel, idx: torch.Tensor, max_new_tokens: int) 
     limit = _max_positions(model)
     if limit is not None and idx.shape[1] + max_new_tokens > limit:
         raise ValueError(
-            f"prompt length {idx.shape[1]} + max_new_tokens {max_new_tokens} exceeds the model's block_size {limit}"
+            f"prompt length {idx.shape[1]} + max_new_tokens {max_new_tokens} exceeds the model's max_positions {limit}"
         )
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(idx.shape):
+            got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+            raise ValueError(f"attention_mask must have the shape of idx {tuple(idx.shape)}, got {got}")
+        if not bool(attention_mask[:, -1].bool().all()):
+            raise ValueError("prompts must be left-padded: the last position of every row must be a real token")
+
+
+def _call(model: LanguageModel, idx: torch.Tensor, cache, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    # Models that know nothing of padding are still called as model(idx, cache=cache).
+    if attention_mask is None:
+        return model(idx, cache=cache)
+    return model(idx, cache=cache, attention_mask=attention_mask)
 
 
 # --------------------------------------------------------------------------- greedy and sampling
@@ -203,6 +243,7 @@ def generate(
     use_cache: bool = True,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Extend ``idx`` (B, T) by up to ``max_new_tokens`` tokens, greedily or by sampling.
 
@@ -211,18 +252,19 @@ def generate(
     feeds one token per row; without it every step reruns the whole sequence.
     A row that produced ``eos_token_id`` is finished: it is padded with
     ``pad_token_id`` (default ``eos_token_id``), and generation stops early
-    when every row is finished (as in ``transformers``).
+    when every row is finished (as in ``transformers``). ``attention_mask``
+    ``(B, T)`` marks the real tokens of left-padded prompts (1) and the padding (0).
 
     Returns:
         ``(B, T + N)`` token ids, ``N <= max_new_tokens``.
     """
-    _check_prompt(model, idx, max_new_tokens)
+    _check_prompt(model, idx, max_new_tokens, attention_mask)
     pad = eos_token_id if pad_token_id is None else pad_token_id
     cache = new_cache(model) if use_cache else None
     unfinished = torch.ones(idx.shape[0], dtype=torch.bool, device=idx.device)  # (B,)
     step_input = idx
     for _ in range(max_new_tokens):
-        logits = model(step_input, cache=cache)[:, -1, :]  # (B, V): only the last position predicts
+        logits = _call(model, step_input, cache, attention_mask)[:, -1, :]  # (B, V): only the last position predicts
         if do_sample:
             next_token = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         else:
@@ -231,6 +273,8 @@ def generate(
             next_token = torch.where(unfinished, next_token, torch.full_like(next_token, pad))
             unfinished = unfinished & (next_token != eos_token_id)
         idx = torch.cat([idx, next_token[:, None]], dim=1)  # (B, T + n)
+        if attention_mask is not None:
+            attention_mask = F.pad(attention_mask, (0, 1), value=1)  # (B, T + n): the new token is real
         if not bool(unfinished.any()):
             break
         step_input = next_token[:, None] if use_cache else idx  # (B, 1) with a cache, (B, T + n) without
@@ -292,6 +336,7 @@ def beam_search(
     pad_token_id: int | None = None,
     num_return_sequences: int = 1,
     use_cache: bool = True,
+    attention_mask: torch.Tensor | None = None,
 ) -> BeamSearchOutput:
     """Beam search with the finishing rules of ``transformers``' ``generate(num_beams=K, do_sample=False)``.
 
@@ -323,8 +368,9 @@ def beam_search(
         pad_token_id: fills sequences shorter than the longest returned one (default ``eos_token_id``).
         num_return_sequences: R <= K best hypotheses returned per prompt.
         use_cache: decode with a KV cache (reordered to follow the beams) or recompute.
+        attention_mask: ``(B, T)``, 1 on real tokens of left-padded prompts, 0 on padding.
     """
-    _check_prompt(model, idx, max_new_tokens)
+    _check_prompt(model, idx, max_new_tokens, attention_mask)
     k = check_positive_int("num_beams", num_beams)
     r = check_positive_int("num_return_sequences", num_return_sequences)
     if r > k:
@@ -336,6 +382,7 @@ def beam_search(
     n_candidates = 2 * k
 
     running = idx.repeat_interleave(k, dim=0)  # (B*K, T): K copies of each prompt
+    mask = None if attention_mask is None else attention_mask.repeat_interleave(k, dim=0)  # (B*K, T)
     running_scores = torch.full((batch, k), -1e9)
     running_scores[:, 0] = 0.0  # only beam 0 is live at the start, so the first step has no duplicates
     finished: list[list[tuple[float, torch.Tensor]]] = [[] for _ in range(batch)]  # (score, tokens), best first
@@ -343,7 +390,7 @@ def beam_search(
     cache = new_cache(model) if use_cache else None
     step_input = running
     for cur_len in range(prompt_len, max_len):
-        logits = model(step_input, cache=cache)[:, -1, :]  # (B*K, V)
+        logits = _call(model, step_input, cache, mask)[:, -1, :]  # (B*K, V)
         log_probs = F.log_softmax(logits.float(), dim=-1).view(batch, k, -1)  # (B, K, V)
         at_limit = cur_len + 1 >= max_len
         gen_len = cur_len + 1 - prompt_len
@@ -377,6 +424,8 @@ def beam_search(
         if at_limit or all(done):
             break
         running = torch.cat([running[next_rows], next_tokens[:, None]], dim=1)  # (B*K, cur_len + 1)
+        if mask is not None:
+            mask = F.pad(mask[next_rows], (0, 1), value=1)  # (B*K, cur_len + 1)
         if cache is not None:
             cache.reorder(next_rows)  # beam i now continues row next_rows[i]
             step_input = next_tokens[:, None]  # (B*K, 1)
@@ -393,65 +442,11 @@ def beam_search(
     return BeamSearchOutput(sequences=sequences, scores=scores, lengths=lengths)
 
 
-# --------------------------------------------------------------------------- figures and a widget
-# (kept here rather than in companion.viz, which is shared; they could move there)
+# The figure and the widget of this chapter moved to companion.viz.generation;
+# the names still resolve here, lazily (companion.viz imports this module).
+def __getattr__(name: str):
+    if name in ("plot_next_token_distribution", "next_token_explorer"):
+        from .viz import generation as _viz
 
-def plot_next_token_distribution(
-    logits: torch.Tensor,
-    labels: list[str],
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    show_top: int | None = 20,
-    ax=None,
-    title: str | None = None,
-):
-    """Bar chart of ``softmax(filter_logits(logits))`` for one ``(V,)`` row, the unfiltered ``softmax(logits)`` outlined.
-
-    The filters act on the whole vocabulary; only the ``show_top`` most
-    probable tokens (under ``softmax(logits)``) are drawn.
-    """
-    import matplotlib.pyplot as plt
-
-    ShapeChecker().check("logits", logits, ("V",))
-    if len(labels) != logits.shape[0]:
-        raise ValueError(f"got {len(labels)} labels for {logits.shape[0]} logits")
-    logits = logits.detach().float().cpu()
-    filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    base, probs = logits.softmax(-1), filtered.softmax(-1)
-    shown = torch.argsort(base, descending=True)[: show_top or len(labels)]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(0.3 * len(shown) + 2.5, 3))
-    x = list(range(len(shown)))
-    ax.bar(x, probs[shown].numpy(), color="tab:blue", label="after temperature, top-k, top-p")
-    ax.bar(x, base[shown].numpy(), fill=False, edgecolor="black", linewidth=0.8, label="softmax(logits)")
-    ax.set_xticks(x, labels=[labels[i] for i in shown.tolist()], fontsize=8)
-    ax.set_xlabel(f"next token (the {len(shown)} most probable)")
-    ax.set_ylabel("probability")
-    kept = int((probs > 0).sum())
-    ax.set_title(title or f"T={temperature:g}, top-k={top_k}, top-p={top_p}\n"
-                          f"{kept} tokens kept, entropy {float(entropy(filtered)):.2f} nats", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
-    return ax
-
-
-def next_token_explorer(logits: torch.Tensor, labels: list[str], *, show_top: int = 20):
-    """Sliders for temperature, top-k and top-p over one ``(V,)`` next-token distribution (needs ipywidgets)."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-
-    n = logits.shape[-1]
-
-    def show(temperature: float, top_k: int, top_p: float) -> None:
-        _, ax = plt.subplots(figsize=(0.3 * show_top + 2.5, 3.2))
-        plot_next_token_distribution(logits, labels, temperature=temperature, top_k=None if top_k >= n else top_k,
-                                     top_p=None if top_p >= 1.0 else top_p, show_top=show_top, ax=ax)
-        plt.show()
-
-    return widgets.interact(
-        show,
-        temperature=widgets.FloatLogSlider(value=1.0, base=10, min=-1.3, max=0.7, step=0.05, description="temperature"),
-        top_k=widgets.IntSlider(value=n, min=1, max=n, description="top-k"),
-        top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p"),
-    )
+        return getattr(_viz, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

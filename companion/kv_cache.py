@@ -20,7 +20,7 @@ import torch
 
 from ._checks import ShapeChecker, check_positive_int
 
-__all__ = ["KVCache", "kv_cache_bytes"]
+__all__ = ["KVCache", "EncoderDecoderCache", "kv_cache_bytes"]
 
 
 def kv_cache_bytes(
@@ -28,7 +28,9 @@ def kv_cache_bytes(
 ) -> int:
     """Theoretical size of a KV cache: ``2 * n_layers * n_heads * d_head * seq_len * bytes_per_element`` per sequence.
 
-    The factor 2 counts keys and values. ``bytes_per_element`` is 4 for float32,
+    The factor 2 counts keys and values. With grouped-query or multi-query
+    attention only the key/value heads are cached: pass ``n_kv_heads`` as ``n_heads``.
+    ``bytes_per_element`` is 4 for float32,
     2 for float16/bfloat16. Multiply by ``batch_size`` sequences.
     """
     for name, value in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
@@ -59,9 +61,14 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        """Number of tokens cached (read before a forward pass: layer 0's length)."""
-        k = self.keys[0]
+        """Number of tokens cached (read before a forward pass: the first filled layer's length)."""
+        k = next((k for k in self.keys if k is not None), None)  # layer 0 in a model; any layer when used alone
         return 0 if k is None else k.shape[2]
+
+    def has(self, layer: int) -> bool:
+        """Whether ``layer`` already holds keys and values (a cross-attention layer fills its slot once)."""
+        self._check_layer(layer)
+        return self.keys[layer] is not None
 
     def _check_layer(self, layer: int) -> None:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
@@ -115,3 +122,34 @@ class KVCache:
                 else:
                     self.keys[i] = self.keys[i][:, :, :length]  # (B, H, length, Dh)
                     self.values[i] = self.values[i][:, :, :length]
+
+
+class EncoderDecoderCache:
+    """The cache of an encoder-decoder's decoder: a self-attention part and a cross-attention part.
+
+    ``self_attn`` grows by the new tokens at every step, like a decoder-only
+    model's :class:`KVCache`. ``cross_attn`` holds the keys and values of the
+    encoder output ("memory"), computed by each decoder layer at the first step
+    and reused unchanged afterwards. Beam search reorders both.
+    """
+
+    def __init__(self, n_layers: int) -> None:
+        self.n_layers = check_positive_int("n_layers", n_layers)
+        self.self_attn = KVCache(n_layers)
+        self.cross_attn = KVCache(n_layers)
+
+    def __repr__(self) -> str:
+        return f"EncoderDecoderCache(n_layers={self.n_layers}, length={self.length}, source_length={self.cross_attn.length})"
+
+    @property
+    def length(self) -> int:
+        """Number of decoder tokens cached (the position of the next decoder token)."""
+        return self.self_attn.length
+
+    def nbytes(self) -> int:
+        return self.self_attn.nbytes() + self.cross_attn.nbytes()
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select/reorder sequences along the batch axis in both parts (beam search)."""
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)

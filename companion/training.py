@@ -18,7 +18,22 @@ from torch import nn
 
 from ._checks import check_positive_int
 
-__all__ = ["TrainConfig", "History", "lr_at", "train"]
+__all__ = ["TrainConfig", "History", "lr_at", "train", "lm_loss"]
+
+
+def lm_loss(model: Callable[[torch.Tensor], torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], *, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy (nats per token) of a language model on ``(x, y)``, both ``(B, T)``.
+
+    ``model(x)`` gives logits ``(B, T, V)``; ``y[b, t]`` is the token after ``x[b, t]``.
+    ``reduction="none"`` gives the loss per position, shape ``(B, T)``. This is the
+    ``loss_fn`` of :func:`train` for every language model of the course.
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    x, y = batch
+    logits = model(x)  # (B, T, V)
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)
+    return loss.view_as(y) if reduction == "none" else loss
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ Writes, under companion/checkpoints/:
   evaluation length, and the loss by position at the longest length;
 * ``ch03_position_lms.pt``: the six trained models (float16 state dicts, ~1.4 MB).
 
-The chapter loads both with :func:`companion.models.position_lm.load_extrapolation_results`
-and :func:`companion.models.position_lm.load_position_lm`.
+The chapter loads both with :func:`companion.experiments.extrapolation.load_extrapolation_results`
+and :func:`companion.experiments.extrapolation.load_position_lm`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from companion.models.position_lm import (  # noqa: E402
-    POSITION_SCHEMES,
+from companion.experiments.extrapolation import (  # noqa: E402
     ExperimentConfig,
     evaluate_lengths,
     make_data,
     train_position_lm,
 )
+from companion.models.position_lm import POSITION_SCHEMES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

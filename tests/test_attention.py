@@ -132,3 +132,195 @@ def test_mha_backends_agree_and_cross_attention_runs():
 def test_bad_input_gets_a_clear_error(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+# ---------------------------------------------------------------- extension points (bias, GQA, head mask, cache)
+
+def _reference(q, k, v, mask=None, bias=None, scale=None):
+    """Eq. (1) in float64 with -inf where masked and 0 for rows with no visible key: written for clarity."""
+    q, k, v = q.double(), k.double(), v.double()
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.einsum("...td,...sd->...ts", q, k) * scale
+    if bias is not None:
+        scores = scores + bias.double()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.nan_to_num(scores.softmax(-1), nan=0.0)  # all -inf -> NaN -> 0
+    return torch.einsum("...ts,...sv->...tv", weights, v).float()
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+def test_additive_bias_with_mask_and_a_fully_masked_row(backend):
+    q, k, v = qkv(b=2, h=3, t=7, s=13)
+    bias = torch.randn(1, 3, 7, 13, generator=torch.Generator().manual_seed(1))
+    mask = padding_mask(torch.tensor([[1] * 13, [1] * 9 + [0] * 4])) & torch.rand(2, 1, 7, 13).gt(0.3)
+    mask[1, 0, 2] = False  # query 2 of sequence 1 sees nothing
+    out = scaled_dot_product_attention(q, k, v, mask, bias=bias, backend=backend)
+    torch.testing.assert_close(out, _reference(q, k, v, mask, bias), **TOL)
+    assert torch.equal(out[1, :, 2], torch.zeros(3, 5))
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_bias_holding_finfo_min_never_overflows(backend, dtype):
+    q, k, v = (x.to(dtype) for x in qkv(t=5, s=6))
+    q = q * 30  # large negative scores too
+    bias = torch.zeros(5, 6, dtype=dtype)
+    bias[:, 0] = torch.finfo(dtype).min  # an additive mask as a bias, on top of a boolean one
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[:, 1] = False
+    out = scaled_dot_product_attention(q, k, v, mask, bias=bias, backend=backend)
+    assert torch.isfinite(out).all()
+    keep = torch.ones(5, 6, dtype=torch.bool)
+    keep[:, :2] = False  # both columns removed, one by the bias, one by the mask
+    torch.testing.assert_close(out.float(), _reference(q.float(), k.float(), v.float(), keep),
+                               rtol=1e-2 if dtype == torch.float16 else 1e-5, atol=1e-2 if dtype == torch.float16 else 1e-5)
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+@pytest.mark.parametrize("t, s", [(7, 7), (4, 13), (1, 9)])
+def test_is_causal_is_the_bottom_right_causal_mask(backend, t, s):
+    q, k, v = qkv(t=t, s=s)
+    want = _reference(q, k, v, causal_mask(t, s))
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend), want, **TOL)
+    pad = padding_mask(torch.tensor([[1] * s, [0] * 2 + [1] * (s - 2)]))  # (B, 1, 1, S)
+    got = scaled_dot_product_attention(q, k, v, pad, is_causal=True, backend=backend)
+    torch.testing.assert_close(got, _reference(q, k, v, pad & causal_mask(t, s)), **TOL)
+
+
+def test_is_causal_fast_path_equals_manual_and_explicit_mask():
+    q, k, v = qkv(t=11, s=11)
+    fast = scaled_dot_product_attention(q, k, v, is_causal=True, backend="sdpa")  # kernel's is_causal=True
+    torch.testing.assert_close(fast, scaled_dot_product_attention(q, k, v, is_causal=True, backend="manual"), **TOL)
+    torch.testing.assert_close(fast, scaled_dot_product_attention(q, k, v, causal_mask(11), backend="sdpa"), **TOL)
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+def test_scale_head_mask_and_grouped_kv_heads(backend):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 5, 4, generator=g)
+    k, v = torch.randn(2, 2, 9, 4, generator=g), torch.randn(2, 2, 9, 3, generator=g)  # Hkv = 2 serves H = 6
+    expanded = k[:, [0, 0, 0, 1, 1, 1]], v[:, [0, 0, 0, 1, 1, 1]]  # query heads 0-2 read kv head 0
+    out = scaled_dot_product_attention(q, k, v, scale=1.0, backend=backend)
+    torch.testing.assert_close(out, _reference(q, *expanded, scale=1.0), **TOL)
+    head_mask = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 1.0])
+    masked = scaled_dot_product_attention(q, k, v, scale=1.0, head_mask=head_mask, backend=backend)
+    torch.testing.assert_close(masked, out * head_mask[:, None, None], **TOL)
+    assert torch.equal(masked[:, 1], torch.zeros(2, 5, 3))
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        scaled_dot_product_attention(q, k[:, :1].expand(2, 4, 9, 4), v[:, :1].expand(2, 4, 9, 3))
+    with pytest.raises(ValueError, match=r"head_mask must have shape \(H,\)"):
+        scaled_dot_product_attention(q, k, v, head_mask=torch.ones(5))
+    with pytest.raises(TypeError, match="bias=..."):
+        scaled_dot_product_attention(q, k, v, torch.zeros(5, 9))
+    with pytest.raises(ValueError, match="bias of shape"):
+        scaled_dot_product_attention(q, k, v, bias=torch.zeros(5, 8))
+
+
+def test_layer_with_own_head_size_and_fewer_kv_heads_equals_duplicated_heads():
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(10, 4, d_head=3, n_kv_heads=2).eval()  # D = 10 is not H * Dh = 12
+    assert gqa.qkv.weight.shape == (4 * 3 + 2 * 2 * 3, 10) and gqa.out.weight.shape == (10, 12)
+    full = MultiHeadAttention(10, 4, d_head=3).eval()
+    with torch.no_grad():
+        wq, wk, wv = gqa.qkv.weight.split((12, 6, 6))
+        bq, bk, bv = gqa.qkv.bias.split((12, 6, 6))
+        dup = lambda w: w.view(2, 3, *w.shape[1:]).repeat_interleave(2, dim=0).reshape(12, *w.shape[1:])
+        full.qkv.weight.copy_(torch.cat([wq, dup(wk), dup(wv)]))
+        full.qkv.bias.copy_(torch.cat([bq, dup(bk), dup(bv)]))
+        full.out.load_state_dict(gqa.out.state_dict())
+    x = torch.randn(2, 7, 10)
+    torch.testing.assert_close(gqa(x, is_causal=True), full(x, is_causal=True), **TOL)
+    with pytest.raises(ValueError, match="not divisible by n_kv_heads"):
+        MultiHeadAttention(12, 4, n_kv_heads=3)
+
+
+def test_cached_self_and_cross_attention_equal_full_computation():
+    from companion.kv_cache import EncoderDecoderCache
+
+    torch.manual_seed(0)
+    self_attn = MultiHeadAttention(12, 3, n_kv_heads=1, layer_idx=1).eval()
+    cross = MultiHeadAttention(12, 3, cross=True, d_context=8, layer_idx=1).eval()
+    x, memory = torch.randn(2, 6, 12), torch.randn(2, 5, 8)
+    full_self = self_attn(x, is_causal=True)
+    full_cross = cross(x, context=memory)
+    cache = EncoderDecoderCache(2)
+    steps_self, steps_cross = [], []
+    for i in range(6):
+        steps_self.append(self_attn(x[:, i:i + 1], is_causal=True, cache=cache.self_attn))
+        steps_cross.append(cross(x[:, i:i + 1], context=memory if i == 0 else None, cache=cache.cross_attn))
+    torch.testing.assert_close(torch.cat(steps_self, 1), full_self, **TOL)
+    torch.testing.assert_close(torch.cat(steps_cross, 1), full_cross, **TOL)
+    assert cache.length == 6 and cache.cross_attn.length == 5
+    assert cache.self_attn.keys[1].shape == (2, 1, 6, 4)  # one kv head cached, not three
+
+
+def test_record_attention_keeps_outputs_and_records_every_call():
+    from companion.attention import record_attention
+    from companion.blocks import TransformerBlock
+
+    torch.manual_seed(0)
+    block = TransformerBlock(12, 3, 20, cross=True).eval()
+    x, ctx = torch.randn(2, 7, 12), torch.randn(2, 5, 12)
+    mask = causal_mask(7)
+    plain = block(x, mask, context=ctx)
+    with record_attention(block) as rec:
+        recorded_out = block(x, mask, context=ctx)
+        block(x, mask, context=ctx)
+    assert torch.equal(recorded_out, plain) and sorted(rec) == ["cross_attn", "self_attn"]
+    assert len(rec["self_attn"]) == 2 and rec["cross_attn"][0].shape == (2, 3, 7, 5)
+    _, want = block.self_attn(block.norm1(x) if block.norm_first else x, mask, return_weights=True)
+    torch.testing.assert_close(rec["self_attn"][0], want, **TOL)
+    assert block.self_attn.recorded is None  # nothing recorded after the block
+    with record_attention(block, cross=False) as rec:
+        block(x, mask, context=ctx)
+    assert list(rec) == ["self_attn"]
+
+
+def test_grouped_query_attention_with_rope_equals_hugging_face_llama():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    from companion.positional import rope_cos_sin
+
+    cfg = transformers.LlamaConfig(hidden_size=20, num_attention_heads=4, num_key_value_heads=2, head_dim=6,
+                                   attention_bias=False, attention_dropout=0.0, max_position_embeddings=32)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    hf = LlamaAttention(cfg, layer_idx=0).eval()
+    ours = MultiHeadAttention(20, 4, d_head=6, n_kv_heads=2, bias=False).eval()  # D = 20, H * Dh = 24
+    with torch.no_grad():
+        ours.qkv.weight.copy_(torch.cat([hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight]))
+        ours.out.weight.copy_(hf.o_proj.weight)
+    x = torch.randn(2, 9, 20)
+    hf_rope = LlamaRotaryEmbedding(cfg)(x, torch.arange(9)[None])
+    with torch.no_grad():
+        want = hf(x, position_embeddings=hf_rope, attention_mask=None)[0]
+        got = ours(x, is_causal=True, rope=rope_cos_sin(9, 6))
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_unscaled_attention_with_relative_bias_and_padding_equals_hugging_face_t5():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from companion.positional import RelativePositionBias
+
+    cfg = transformers.T5Config(d_model=20, d_kv=6, num_heads=4, dropout_rate=0.0,
+                                relative_attention_num_buckets=8, relative_attention_max_distance=16)
+    torch.manual_seed(0)
+    hf = T5Attention(cfg, has_relative_attention_bias=True).eval()
+    ours = MultiHeadAttention(20, 4, d_head=6, scale=1.0, bias=False).eval()  # T5: no 1/sqrt(Dh), no biases
+    rel = RelativePositionBias(4, bidirectional=True, num_buckets=8, max_distance=16)
+    with torch.no_grad():
+        ours.qkv.weight.copy_(torch.cat([hf.q.weight, hf.k.weight, hf.v.weight]))
+        ours.out.weight.copy_(hf.o.weight)
+        rel.relative_attention_bias.weight.copy_(hf.relative_attention_bias.weight)
+    x = torch.randn(2, 11, 20)
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[1, 8:] = False
+    hf_mask = torch.zeros(2, 1, 1, 11).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        want = hf(x, mask=hf_mask)[0]
+        got = ours(x, padding_mask(keep), bias=rel(11))
+    torch.testing.assert_close(got, want, **TOL)

@@ -215,3 +215,82 @@ def test_block_and_from_torch_errors():
         TransformerBlock.from_torch(nn.TransformerEncoderLayer(12, 3, 29, batch_first=False))
     with pytest.raises(TypeError, match="nn.TransformerEncoderLayer"):
         TransformerBlock.from_torch(nn.Linear(3, 3))
+
+
+# ---------------------------------------------------------------- the open block
+
+def test_make_norm_bias_switch_and_errors():
+    assert make_norm("layernorm", 7, bias=False).bias is None
+    assert make_norm("layernorm", 7).bias.shape == (7,)
+    assert make_norm("layernorm", 7, 1e-6).eps == 1e-6
+    with pytest.raises(ValueError, match="RMSNorm has no bias"):
+        make_norm("rmsnorm", 7, bias=True)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        make_norm("layernorm", 7, 0.0)
+
+
+def _perturbed(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return module
+
+
+def test_gated_feed_forward_equals_t5_v1_1_and_llama():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
+
+    from companion.blocks import GatedFeedForward
+
+    x = torch.randn(2, 7, 12)
+    t5 = _perturbed(T5DenseGatedActDense(transformers.T5Config(d_model=12, d_ff=29, dropout_rate=0.0,
+                                                                  feed_forward_proj="gated-gelu"))).eval()
+    ours = GatedFeedForward(12, 29, activation="gelu_tanh")  # T5 v1.1: gelu_new on wi_0, times wi_1
+    ours.load_state_dict({"gate.weight": t5.wi_0.weight, "up.weight": t5.wi_1.weight, "down.weight": t5.wo.weight})
+    torch.testing.assert_close(ours(x), t5(x), **TOL)
+    llama = _perturbed(LlamaMLP(transformers.LlamaConfig(hidden_size=12, intermediate_size=29, hidden_act="silu", num_attention_heads=3, num_key_value_heads=3))).eval()
+    ours = GatedFeedForward(12, 29, activation="silu")  # SwiGLU
+    ours.load_state_dict({"gate.weight": llama.gate_proj.weight, "up.weight": llama.up_proj.weight,
+                          "down.weight": llama.down_proj.weight})
+    torch.testing.assert_close(ours(x), llama(x), **TOL)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_block_composes_its_parts_and_passes_bias_and_mask(norm_first):
+    from companion.attention import MultiHeadAttention
+    from companion.blocks import Block, GatedFeedForward
+
+    torch.manual_seed(0)
+    attn = _perturbed(MultiHeadAttention(12, 3, d_head=5, backend="manual"), 1)
+    ffn = _perturbed(GatedFeedForward(12, 17, activation="silu"), 2)
+    n1, n2 = _perturbed(RMSNorm(12), 3), _perturbed(make_norm("layernorm", 12, bias=False), 4)
+    block = Block(attn, ffn, n1, n2, norm_first=norm_first).eval()
+    x = torch.randn(2, 7, 12)
+    bias = torch.randn(1, 3, 7, 7)
+    mask = padding_mask(torch.tensor([[1] * 7, [0, 0] + [1] * 5]))
+    got = block(x, mask, bias=bias, is_causal=True)
+    sub = lambda h: attn(h, mask, bias=bias, is_causal=True)
+    if norm_first:
+        h = x + sub(n1(x))
+        want = h + ffn(n2(h))
+    else:
+        h = n1(x + sub(x))
+        want = n2(h + ffn(h))
+    torch.testing.assert_close(got, want, **TOL)
+    with pytest.raises(ValueError, match="cross_attn and norm_cross together"):
+        Block(attn, ffn, n1, n2, cross_attn=attn)
+
+
+def test_pre_ln_decoder_layer_from_torch_equals_torch():
+    torch.manual_seed(0)
+    ref = nn.TransformerDecoderLayer(12, 3, 29, dropout=0.0, batch_first=True, norm_first=True, activation="gelu").eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # LayerNorm biases and weights away from 0 and 1
+    block = TransformerBlock.from_torch(ref).eval()
+    assert block.cross and block.norm_first
+    x, ctx = torch.randn(2, 7, 12), torch.randn(2, 5, 12)
+    mask = causal_mask(7)
+    torch.testing.assert_close(block(x, mask, context=ctx), ref(x, ctx, tgt_mask=~mask), **TOL)

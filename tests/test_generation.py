@@ -293,3 +293,65 @@ def test_generate_checks_its_arguments(models, prompt):
         beam_search(model, prompt, num_beams=2, max_new_tokens=3, num_return_sequences=3)
     with pytest.raises(ValueError):
         beam_search(model, prompt, num_beams=2, max_new_tokens=3, early_stopping="sometimes")
+
+
+# --------------------------------------------------------------------------- left-padded batches
+
+PAD = 2
+
+
+@pytest.fixture(scope="module")
+def padded_batch():
+    """Three prompts of lengths 7, 3 and 5, left-padded with PAD into one (3, 7) batch."""
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(6, V, (n,), generator=g) for n in (7, 3, 5)]
+    idx = torch.full((3, 7), PAD, dtype=torch.long)
+    mask = torch.zeros(3, 7, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        idx[i, 7 - len(p):] = p
+        mask[i, 7 - len(p):] = 1
+    return prompts, idx, mask
+
+
+@pytest.mark.parametrize("eos", [None, EOS])
+def test_left_padded_greedy_batch_matches_transformers_and_each_prompt_alone(models, padded_batch, eos):
+    hf, model = models
+    prompts, idx, mask = padded_batch
+    hf.generation_config.eos_token_id = eos
+    want = hf.generate(idx, attention_mask=mask, do_sample=False, max_new_tokens=10,
+                       eos_token_id=eos, pad_token_id=PAD)
+    for use_cache in (True, False):
+        got = generate(model, idx, 10, attention_mask=mask, use_cache=use_cache, eos_token_id=eos, pad_token_id=PAD)
+        assert torch.equal(got, want)
+    # The padding changes nothing: each prompt alone continues the same way.
+    for i, p in enumerate(prompts):
+        alone = generate(model, p[None], 10, eos_token_id=eos, pad_token_id=PAD)[0, len(p):]
+        assert torch.equal(alone, got[i, 7:7 + len(alone)])
+
+
+@pytest.mark.parametrize("eos", [None, EOS])
+def test_left_padded_beam_search_matches_transformers(models, padded_batch, eos):
+    hf, model = models
+    _, idx, mask = padded_batch
+    hf.generation_config.eos_token_id = eos
+    want = hf.generate(idx, attention_mask=mask, num_beams=3, do_sample=False, max_new_tokens=8,
+                       num_return_sequences=2, eos_token_id=eos, pad_token_id=PAD,
+                       return_dict_in_generate=True, output_scores=True)
+    for use_cache in (True, False):
+        got = beam_search(model, idx, num_beams=3, max_new_tokens=8, eos_token_id=eos, pad_token_id=PAD,
+                          num_return_sequences=2, use_cache=use_cache, attention_mask=mask)
+        assert torch.equal(got.sequences, want.sequences)
+        torch.testing.assert_close(got.scores, want.sequences_scores, atol=1e-4, rtol=1e-5)
+
+
+def test_padding_gives_the_logits_of_the_prompt_alone(models, padded_batch):
+    _, model = models
+    prompts, idx, mask = padded_batch
+    with torch.no_grad():
+        logits = model(idx, attention_mask=mask)
+        for i, p in enumerate(prompts):
+            torch.testing.assert_close(logits[i, 7 - len(p):], model(p[None])[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(model, idx.flip(1), 3, attention_mask=mask.flip(1))
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        model(idx, attention_mask=mask[:, 1:])

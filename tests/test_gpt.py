@@ -185,3 +185,38 @@ def test_shipped_checkpoint_loads_and_meets_the_chapter_goal():
     assert abs(loss - ckpt["val_loss"]) < 1e-3  # the figure the training script recorded
     with pytest.raises(FileNotFoundError, match="shipped"):
         load_checkpoint("no_such_checkpoint")
+
+
+# ---------------------------------------------------------------- the loader helper
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_gpt2_loads_from_a_saved_folder(tmp_path, safe):
+    hf = _hf_gpt2(seed=3, n_inner=40)
+    hf.save_pretrained(tmp_path, safe_serialization=safe)
+    if not safe:  # transformers 5 may always write safetensors: make the .bin case real
+        from safetensors.torch import load_file
+        for f in tmp_path.glob("*.safetensors"):
+            torch.save(load_file(str(f)), tmp_path / "pytorch_model.bin")
+            f.unlink()
+    ours = from_hf_gpt2(tmp_path)
+    assert ours.cfg.d_ff == 40
+    idx = torch.randint(0, 99, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_copy_by_name_map_reports_missing_unexpected_and_mismatched_by_name():
+    from companion.models._hf import copy_by_name_map
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    names = {"0.weight": "a.w", "0.bias": "a.b", "1.weight": "b.w", "1.bias": "b.b"}
+    sd = {"a.w": torch.randn(3, 4), "a.b": torch.randn(4), "b.w": torch.randn(2, 4), "extra": torch.zeros(1)}
+    with pytest.raises(ValueError) as err:
+        copy_by_name_map(model, sd, names)
+    msg = str(err.value)
+    assert "1.bias <- b.b" in msg and "unexpected (1): extra" in msg and "0.weight (4, 3) <- a.w (3, 4)" in msg
+    report = copy_by_name_map(model, sd, names, transpose=["0.weight"], ignore=[r"^extra$"], strict=False)
+    assert report.missing == ["1.bias <- b.b"] and report.unexpected == [] and report.mismatched == []
+    assert torch.equal(model[0].weight, sd["a.w"].t())
+    with pytest.raises(ValueError, match="does not have: nope"):
+        copy_by_name_map(model, sd, {"nope": "a.w"})

@@ -261,3 +261,46 @@ def test_cross_attention_weights_are_distributions_over_real_source_tokens():
         v = block.cross_attn.kv(captured["ctx"])[..., D:].view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
         heads = (weights[0] @ v).transpose(1, 2).reshape(B, T, D)
         torch.testing.assert_close(block.cross_attn.out(heads), captured["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_cached_decoding_and_beam_search_through_the_generation_protocol():
+    from companion.generation import beam_search, generate
+
+    model = _small_model(seed=5).eval()
+    torch.manual_seed(6)
+    src = torch.randint(3, 17, (B, 9))
+    src[1, 6:] = model.cfg.pad_id  # a padded source
+    plain = greedy_decode(model, src, bos_id=1, eos_id=2, max_new_tokens=11)
+    assert torch.equal(greedy_decode(model, src, bos_id=1, eos_id=2, max_new_tokens=11, use_cache=True), plain)
+    # Teacher forcing on the decoded prefix equals cached step-by-step logits (the cache holds self and cross keys).
+    lm = model.decoder_lm(src)
+    tgt_in = torch.cat([torch.ones(B, 1, dtype=torch.long), plain], dim=1)
+    cache = model.new_cache()
+    with torch.no_grad():
+        steps = torch.cat([lm(tgt_in[:, i:i + 1], cache=cache) for i in range(tgt_in.shape[1])], dim=1)
+        full = model(src, tgt_in)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    assert cache.cross_attn.length == 9 and cache.length == tgt_in.shape[1]
+    # One beam is greedy; beams of a padded batch run with memory repeated per beam.
+    start = torch.ones(B, 1, dtype=torch.long)
+    one = beam_search(lm, start, num_beams=1, max_new_tokens=6)
+    assert torch.equal(one.sequences, generate(lm, start, 6))
+    for use_cache in (True, False):
+        out = beam_search(lm, start, num_beams=3, max_new_tokens=6, eos_token_id=2, pad_token_id=0, use_cache=use_cache)
+        assert out.sequences.shape[0] == B
+        if use_cache:
+            first = out
+        else:
+            assert torch.equal(out.sequences, first.sequences)
+
+
+def test_cross_attention_weights_are_rows_of_probabilities_even_from_a_training_model():
+    from companion.models.transformer import cross_attention_weights
+
+    model = Transformer(TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
+                                          n_decoder_layers=2, max_len=16, dropout=0.5)).train()
+    src = torch.randint(3, 17, (2, 6))
+    weights = cross_attention_weights(model, src, torch.randint(3, 17, (2, 4)))
+    assert model.training and len(weights) == 2  # mode restored; no dropout on the recorded weights
+    for w in weights:
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4))

@@ -12,40 +12,41 @@ from collections import Counter
 import torch
 from torch import nn
 
-from ..models.gpt import GPT, CausalSelfAttention, GPTConfig, count_parameters
+from ..attention import MultiHeadAttention
+from ..models.gpt import GPT, GPTConfig, count_parameters
 from ..tokenizers.bpe import merge_pair, pair_counts
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 
 # ----------------------------------------------------------------- 9.1 causal self-attention
 
-def _reference_attention(d_model: int, n_heads: int, seed: int) -> CausalSelfAttention:
+def _reference_attention(d_model: int, n_heads: int, seed: int) -> MultiHeadAttention:
+    """The attention of a GPT block (fused qkv D -> 3D, out D -> D), called with ``is_causal=True``."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=2, block_size=64, d_model=d_model, n_layers=1, n_heads=n_heads)
-    layer = CausalSelfAttention(cfg, 0).eval()
+    layer = MultiHeadAttention(d_model, n_heads).eval()
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0.0, 0.3)
     return layer
 
 
-def _run_attention(student, layer: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
-    return student(x, layer.c_attn.weight.detach(), layer.c_attn.bias.detach(),
-                   layer.c_proj.weight.detach(), layer.c_proj.bias.detach(), layer.n_heads)
+def _run_attention(student, layer: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    return student(x, layer.qkv.weight.detach(), layer.qkv.bias.detach(),
+                   layer.out.weight.detach(), layer.out.bias.detach(), layer.n_heads)
 
 
 def _attn_random(student):
     layer = _reference_attention(24, 3, 0)
     x = torch.randn(2, 7, 24)
     with torch.no_grad():
-        expect_tensor(_run_attention(student, layer, x), layer(x), name="output for B=2, T=7, D=24, H=3")
+        expect_tensor(_run_attention(student, layer, x), layer(x, is_causal=True), name="output for B=2, T=7, D=24, H=3")
 
 
 def _attn_heads(student):
     layer = _reference_attention(20, 5, 1)
     x = torch.randn(3, 13, 20)
     with torch.no_grad():
-        want = layer(x)
+        want = layer(x, is_causal=True)
         got = _run_attention(student, layer, x)
     expect_tensor(got, want, name="output for T=13, D=20, H=5 (head size 4)")
 
@@ -66,7 +67,7 @@ def _attn_length_one(student):
     layer = _reference_attention(12, 4, 3)
     x = torch.randn(4, 1, 12)
     with torch.no_grad():
-        expect_tensor(_run_attention(student, layer, x), layer(x), name="output for T=1")
+        expect_tensor(_run_attention(student, layer, x), layer(x, is_causal=True), name="output for T=1")
 
 
 register(Exercise(

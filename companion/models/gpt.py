@@ -19,16 +19,18 @@ import torch
 from torch import nn
 
 from .._checks import check_probability
-from ..attention import merge_heads, scaled_dot_product_attention, split_heads
-from ..blocks import FeedForward, make_norm
+from ..attention import MultiHeadAttention
+from ..blocks import Block, FeedForward, make_norm
 from ..kv_cache import KVCache
 from ..masks import causal_mask
+from ..training import lm_loss  # re-exported: the one loss of every language model
+from ._hf import copy_by_name_map, hf_source
 
 __all__ = [
-    "GPTConfig", "GPT", "CausalSelfAttention", "GPTBlock",
+    "GPTConfig", "GPT", "GPTBlock",
     "GPT1", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_175B",
     "count_parameters", "gpt_param_formula",
-    "config_from_hf", "from_hf_gpt2", "config_from_hf_openai", "from_hf_openai_gpt",
+    "config_from_hf", "from_hf_gpt2", "config_from_hf_openai", "from_hf_openai_gpt", "hf_block_names",
     "lm_loss", "evaluate_lm",
 ]
 
@@ -71,6 +73,16 @@ class GPTConfig:
         return self.d_model // self.n_heads
 
     @property
+    def max_positions(self) -> int:
+        """The course's name (CONTRIBUTING, "Names") for ``block_size``."""
+        return self.block_size
+
+    @property
+    def norm_eps(self) -> float:
+        """The course's name for ``layer_norm_eps``."""
+        return self.layer_norm_eps
+
+    @property
     def ff_size(self) -> int:
         """The feed-forward hidden size F actually used."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
@@ -93,60 +105,37 @@ GPT2_XL = GPTConfig(vocab_size=50257, block_size=1024, d_model=1600, n_layers=48
 GPT3_175B = GPTConfig(vocab_size=50257, block_size=2048, d_model=12288, n_layers=96, n_heads=96)
 
 
-class CausalSelfAttention(nn.Module):
-    """Masked multi-head self-attention with a fused ``c_attn`` (D -> 3D) projection and an optional KV cache.
+class GPTBlock(Block):
+    """One decoder block of :class:`GPT`: a :class:`~companion.blocks.Block` with GPT's parts.
 
-    ``c_attn`` output features ``[0, D)`` are queries, ``[D, 2D)`` keys and
-    ``[2D, 3D)`` values, as in GPT-2 (whose ``Conv1D`` stores the transpose).
+    Pre-LN (GPT-2): ``x = x + attn(norm1(x)); x = x + ffn(norm2(x))``.
+    Post-LN (GPT-1): ``x = norm1(x + attn(x)); x = norm2(x + ffn(x))``.
+    The attention is masked by the model (causal, and padding with an ``attention_mask``).
     """
 
     def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.n_heads, self.d_model, self.layer_idx = cfg.n_heads, cfg.d_model, layer_idx
-        self.dropout = cfg.dropout
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        t = x.shape[1]
-        q, k, v = self.c_attn(x).split(self.d_model, dim=-1)  # 3 x (B, T, D)
-        q, k, v = (split_heads(z, self.n_heads) for z in (q, k, v))  # (B, H, T, Dh)
-        if cache is not None:
-            k, v = cache.append(self.layer_idx, k, v)  # (B, H, S, Dh)
-        # Bottom-right aligned: new token i (at position S - T + i) sees keys 0 .. S - T + i.
-        # One new token (cached decoding) sees every key: no mask, and SDPA takes its fast path.
-        mask = None if t == 1 else causal_mask(t, k.shape[2], device=x.device)  # (T, S)
-        out = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p=self.dropout if self.training else 0.0, backend="sdpa"
-        )  # (B, H, T, Dh)
-        return self.c_proj(merge_heads(out))  # (B, T, D)
+        # Creation order norm1, attention, norm2, FFN: the order GPT's seeded initialisation was written with.
+        norm1 = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+        attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.dropout, layer_idx=layer_idx)
+        norm2 = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+        ffn = FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
+        super().__init__(attn, ffn, norm1, norm2, norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 
-class GPTBlock(nn.Module):
-    """One decoder block: masked self-attention and FFN, each with a residual connection.
+# Parameter names before GPT was built on companion.blocks.Block (checkpoints written then still load).
+_LEGACY_NAMES = (
+    (".ln_1.", ".norm1."), (".attn.c_attn.", ".self_attn.qkv."), (".attn.c_proj.", ".self_attn.out."),
+    (".ln_2.", ".norm2."), (".mlp.", ".ffn."),
+)
 
-    Pre-LN (GPT-2): ``x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))``.
-    Post-LN (GPT-1): ``x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))``.
-    """
 
-    def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.norm_first = cfg.norm_first
-        self.ln_1 = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps)
-        self.attn = CausalSelfAttention(cfg, layer_idx)
-        self.ln_2 = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps)
-        self.mlp = FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
-        if not cfg.bias:
-            for ln in (self.ln_1, self.ln_2):
-                ln.bias = None
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        if self.norm_first:
-            x = x + self.drop(self.attn(self.ln_1(x), cache))
-            return x + self.drop(self.mlp(self.ln_2(x)))  # (B, T, D)
-        x = self.ln_1(x + self.drop(self.attn(x, cache)))
-        return self.ln_2(x + self.drop(self.mlp(x)))  # (B, T, D)
+def _rename_legacy_keys(module, state_dict, prefix, *args) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix + "blocks.")]:
+        new = key
+        for old_part, new_part in _LEGACY_NAMES:
+            new = new.replace(old_part, new_part)
+        if new != key:
+            state_dict[new] = state_dict.pop(key)
 
 
 class GPT(nn.Module):
@@ -167,17 +156,25 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model)  # learned position embedding
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(GPTBlock(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps) if cfg.final_norm else nn.Identity()
-        if cfg.final_norm and not cfg.bias:
-            self.ln_f.bias = None
+        self.ln_f = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # one (V, D) matrix used twice
         self.apply(self._init_weights)
         # GPT-2 (section 2.3): scale the weights of residual projections by 1/sqrt(N), N = 2 * n_layers.
         for name, p in self.named_parameters():
-            if name.endswith("attn.c_proj.weight") or name.endswith("mlp.down.weight"):
+            if name.endswith("self_attn.out.weight") or name.endswith("ffn.down.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self._register_load_state_dict_pre_hook(_rename_legacy_keys, with_module=True)  # (public API only from torch 2.5)
+
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence the learned position table covers (``cfg.block_size``)."""
+        return self.cfg.block_size
+
+    def new_cache(self) -> KVCache:
+        """An empty cache with one slot per block (what :func:`companion.generation.generate` asks for)."""
+        return KVCache(self.cfg.n_layers)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -186,8 +183,16 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits ``(B, T, V)`` for token ids ``idx`` ``(B, T)`` (only the new tokens when ``cache`` is given)."""
+    def forward(
+        self, idx: torch.Tensor, *, cache: KVCache | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``(B, T, V)`` for token ids ``idx`` ``(B, T)`` (only the new tokens when ``cache`` is given).
+
+        ``attention_mask`` ``(B, S)``, 1 on real tokens and 0 on padding, covers
+        the cached and the new tokens (``S = cache.length + T``). With it, padding
+        keys are masked and positions count real tokens only, so a left-padded
+        prompt gives the logits it gives alone (what Hugging Face ``generate`` does).
+        """
         if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
             raise TypeError(f"idx must be a torch.long tensor of shape (B, T), got {getattr(idx, 'dtype', type(idx).__name__)}")
         if idx.dim() != 2 or idx.shape[1] == 0:
@@ -197,17 +202,27 @@ class GPT(nn.Module):
                 raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
             if cache.n_layers != self.cfg.n_layers:
                 raise ValueError(f"cache has {cache.n_layers} layers, the model {self.cfg.n_layers}")
-        t = idx.shape[1]
+        b, t = idx.shape
         start = 0 if cache is None else cache.length
         if start + t > self.cfg.block_size:
             raise ValueError(
                 f"positions {start}..{start + t - 1} exceed block_size={self.cfg.block_size}: "
                 f"{start} cached + {t} new tokens; crop the context"
             )
-        pos = torch.arange(start, start + t, device=idx.device)  # (T,)
+        if attention_mask is None:
+            pos = torch.arange(start, start + t, device=idx.device)  # (T,)
+            mask = None  # causal only: is_causal below (bottom-right aligned when keys are cached)
+        else:
+            if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (b, start + t):
+                got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+                raise ValueError(f"attention_mask must have shape (B, cached + new) = ({b}, {start + t}), got {got}")
+            keep = attention_mask.bool()  # (B, S)
+            # Position of a token = number of real tokens before it (padding takes no position).
+            pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
+            mask = causal_mask(t, start + t, device=idx.device) & keep[:, None, None, :]  # (B, 1, T, S)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, D)
         for block in self.blocks:
-            x = block(x, cache)
+            x = block(x, mask, is_causal=True, cache=cache)
         return self.lm_head(self.ln_f(x))  # (B, T, V)
 
 
@@ -253,44 +268,54 @@ def config_from_hf(hf_config) -> GPTConfig:
         raise TypeError(f"expected a GPT2Config, got model_type={getattr(hf_config, 'model_type', None)!r}")
     if not getattr(hf_config, "scale_attn_weights", True) or getattr(hf_config, "scale_attn_by_inverse_layer_idx", False):
         raise ValueError("only GPT-2 configs with the standard 1/sqrt(d_head) attention scale are supported")
+    # getattr with GPT2Config's defaults: a saved config.json may leave defaults out.
     return GPTConfig(
-        vocab_size=hf_config.vocab_size, block_size=hf_config.n_positions, d_model=hf_config.n_embd,
-        n_layers=hf_config.n_layer, n_heads=hf_config.n_head, d_ff=hf_config.n_inner,
-        norm_first=True, final_norm=True, activation=_activation_from_hf(hf_config.activation_function),
+        vocab_size=getattr(hf_config, "vocab_size", 50257), block_size=getattr(hf_config, "n_positions", 1024),
+        d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
+        n_heads=getattr(hf_config, "n_head", 12), d_ff=getattr(hf_config, "n_inner", None),
+        norm_first=True, final_norm=True,
+        activation=_activation_from_hf(getattr(hf_config, "activation_function", "gelu_new")),
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
-        layer_norm_eps=hf_config.layer_norm_epsilon,
+        layer_norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
 
 
-def _copy_blocks(model: GPT, sd: dict[str, torch.Tensor], prefix: str) -> None:
-    """Copy the per-block weights; HF's ``Conv1D`` stores ``(in, out)``, ``nn.Linear`` ``(out, in)``: transpose."""
-    for i, block in enumerate(model.blocks):
-        p = f"{prefix}h.{i}."
-        pairs = [
-            (block.attn.c_attn, "attn.c_attn"), (block.attn.c_proj, "attn.c_proj"),
-            (block.mlp.up, "mlp.c_fc"), (block.mlp.down, "mlp.c_proj"),
-        ]
-        for linear, name in pairs:
-            linear.weight.copy_(sd[p + name + ".weight"].t())  # Conv1D (in, out) -> Linear (out, in)
-            linear.bias.copy_(sd[p + name + ".bias"])
-        for ln, name in ((block.ln_1, "ln_1"), (block.ln_2, "ln_2")):
-            ln.weight.copy_(sd[p + name + ".weight"])
-            ln.bias.copy_(sd[p + name + ".bias"])
+def hf_block_names(model: GPT, prefix: str) -> dict[str, str]:
+    """Our name -> Hugging Face name for every block parameter; GPT-1 and GPT-2 share this layout."""
+    names = {}
+    for i in range(model.cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"{prefix}h.{i}."
+        for a, b in (("norm1", "ln_1"), ("self_attn.qkv", "attn.c_attn"), ("self_attn.out", "attn.c_proj"),
+                     ("norm2", "ln_2"), ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
+            names[f"{ours}{a}.weight"] = f"{theirs}{b}.weight"
+            names[f"{ours}{a}.bias"] = f"{theirs}{b}.bias"
+    return names
+
+
+# HF's Conv1D stores (in, out), nn.Linear (out, in): these are copied transposed.
+_CONV1D = (".self_attn.qkv.weight", ".self_attn.out.weight", ".ffn.up.weight", ".ffn.down.weight")
+# Buffers (the causal mask HF keeps as attn.bias / attn.masked_bias) and the tied head are skipped.
+_HF_IGNORE = (r"\.attn\.bias$", r"\.attn\.masked_bias$", r"^lm_head\.weight$")
+
+
+def _load(model: GPT, state_dict: dict[str, torch.Tensor], names: dict[str, str]) -> GPT:
+    ignore = _HF_IGNORE if model.cfg.tie_embeddings else _HF_IGNORE[:2]
+    if not model.cfg.tie_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    transpose = [n for n in names if n.endswith(_CONV1D)]
+    copy_by_name_map(model, state_dict, names, transpose=transpose, ignore=ignore)
+    return model.eval()
 
 
 @torch.no_grad()
-def from_hf_gpt2(hf_model) -> GPT:
-    """A :class:`GPT` holding the weights of a Hugging Face ``GPT2LMHeadModel``."""
-    model = GPT(config_from_hf(hf_model.config))
-    sd = hf_model.state_dict()
-    model.wte.weight.copy_(sd["transformer.wte.weight"])
-    model.wpe.weight.copy_(sd["transformer.wpe.weight"])
-    _copy_blocks(model, sd, "transformer.")
-    model.ln_f.weight.copy_(sd["transformer.ln_f.weight"])
-    model.ln_f.bias.copy_(sd["transformer.ln_f.bias"])
-    if not model.cfg.tie_embeddings:
-        model.lm_head.weight.copy_(sd["lm_head.weight"])
-    return model.eval()
+def from_hf_gpt2(source) -> GPT:
+    """A :class:`GPT` holding the weights of a Hugging Face ``GPT2LMHeadModel`` (or its saved folder)."""
+    hf_config, sd = hf_source(source)
+    model = GPT(config_from_hf(hf_config))
+    names = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
+             "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
+             **hf_block_names(model, "transformer.")}
+    return _load(model, sd, names)
 
 
 # modeling_openai has its own table: ACT_FNS = {"relu": ReLU, "gelu": gelu_new (tanh!), "silu"/"swish": SiLU}.
@@ -301,35 +326,29 @@ def config_from_hf_openai(hf_config) -> GPTConfig:
     """``GPTConfig`` equivalent to a Hugging Face ``OpenAIGPTConfig`` (GPT-1: post-LN, no final norm)."""
     if getattr(hf_config, "model_type", None) != "openai-gpt":
         raise TypeError(f"expected an OpenAIGPTConfig, got model_type={getattr(hf_config, 'model_type', None)!r}")
-    if hf_config.afn not in _HF_OPENAI_ACT:
-        raise ValueError(f"unsupported openai-gpt activation {hf_config.afn!r}; expected one of {sorted(_HF_OPENAI_ACT)}")
+    afn = getattr(hf_config, "afn", "gelu")
+    if afn not in _HF_OPENAI_ACT:
+        raise ValueError(f"unsupported openai-gpt activation {afn!r}; expected one of {sorted(_HF_OPENAI_ACT)}")
     return GPTConfig(
-        vocab_size=hf_config.vocab_size, block_size=hf_config.n_positions, d_model=hf_config.n_embd,
-        n_layers=hf_config.n_layer, n_heads=hf_config.n_head, norm_first=False, final_norm=False,
-        activation=_HF_OPENAI_ACT[hf_config.afn], tie_embeddings=True,
-        layer_norm_eps=hf_config.layer_norm_epsilon,
+        vocab_size=getattr(hf_config, "vocab_size", 40478), block_size=getattr(hf_config, "n_positions", 512),
+        d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
+        n_heads=getattr(hf_config, "n_head", 12), norm_first=False, final_norm=False,
+        activation=_HF_OPENAI_ACT[afn], tie_embeddings=True,
+        layer_norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
 
 
 @torch.no_grad()
-def from_hf_openai_gpt(hf_model) -> GPT:
-    """A :class:`GPT` holding the weights of a Hugging Face ``OpenAIGPTLMHeadModel`` (GPT-1)."""
-    model = GPT(config_from_hf_openai(hf_model.config))
-    sd = hf_model.state_dict()
-    model.wte.weight.copy_(sd["transformer.tokens_embed.weight"])
-    model.wpe.weight.copy_(sd["transformer.positions_embed.weight"])
-    _copy_blocks(model, sd, "transformer.")
-    return model.eval()
+def from_hf_openai_gpt(source) -> GPT:
+    """A :class:`GPT` holding the weights of a Hugging Face ``OpenAIGPTLMHeadModel`` (GPT-1), or its saved folder."""
+    hf_config, sd = hf_source(source)
+    model = GPT(config_from_hf_openai(hf_config))
+    names = {"wte.weight": "transformer.tokens_embed.weight", "wpe.weight": "transformer.positions_embed.weight",
+             **hf_block_names(model, "transformer.")}
+    return _load(model, sd, names)
 
 
-# --------------------------------------------------------------------------- language-model loss
-
-
-def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats per token) of ``model`` on ``(x, y)``, both ``(B, T)``."""
-    x, y = batch
-    logits = model(x)  # (B, T, V)
-    return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+# --------------------------------------------------------------------------- held-out evaluation
 
 
 @torch.no_grad()
@@ -348,7 +367,6 @@ def evaluate_lm(model: nn.Module, ids: torch.Tensor, block_size: int, batch_size
     y = ids[1 : n * block_size + 1].view(n, block_size)  # (N, T)
     total = 0.0
     for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size])  # (b, T, V)
-        total += nn.functional.cross_entropy(logits.flatten(0, 1), y[i : i + batch_size].flatten(), reduction="sum").item()
+        total += lm_loss(model, (x[i : i + batch_size], y[i : i + batch_size]), reduction="sum").item()
     model.train(was_training)
     return total / (n * block_size)

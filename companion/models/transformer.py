@@ -34,8 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import ShapeChecker, check_positive_int, check_probability
-from ..attention import MultiHeadAttention
+from ..attention import MultiHeadAttention, record_attention
 from ..blocks import TransformerBlock
+from ..generation import generate
+from ..kv_cache import EncoderDecoderCache
 from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
 from ..positional import sinusoidal_encoding
 
@@ -46,6 +48,7 @@ __all__ = [
     "decoder_self_mask",
     "seq2seq_loss",
     "greedy_decode",
+    "EncodedSource",
     "cross_attention_weights",
     "block_from_torch_decoder_layer",
 ]
@@ -78,6 +81,11 @@ class TransformerConfig:
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def max_positions(self) -> int:
+        """The course's name (CONTRIBUTING, "Names") for ``max_len``."""
+        return self.max_len
 
 
 # The paper's base model (Table 3, row "base") with a 37000-token shared vocabulary (section 5.1).
@@ -124,12 +132,12 @@ class Transformer(nn.Module):
         self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)  # (P, D)
         self.drop = nn.Dropout(cfg.dropout)
 
-        def layer(cross: bool) -> TransformerBlock:
+        def layer(cross: bool, i: int) -> TransformerBlock:
             return TransformerBlock(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=False, cross=cross,
-                                    dropout=cfg.dropout, activation="relu")
+                                    dropout=cfg.dropout, activation="relu", layer_idx=i)
 
-        self.encoder = nn.ModuleList(layer(cross=False) for _ in range(cfg.n_encoder_layers))
-        self.decoder = nn.ModuleList(layer(cross=True) for _ in range(cfg.n_decoder_layers))
+        self.encoder = nn.ModuleList(layer(False, i) for i in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(layer(True, i) for i in range(cfg.n_decoder_layers))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
@@ -157,10 +165,25 @@ class Transformer(nn.Module):
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
             raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
 
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """``Embedding(ids) * sqrt(d_model) + PE[:length]``, then dropout (sections 3.4, 3.5)."""
+    def embed_tokens(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``Embedding(ids) * sqrt(d_model) + PE[start:start + length]``, then dropout (sections 3.4, 3.5)."""
         x = self.embed(ids) * math.sqrt(self.cfg.d_model)  # (B, L, D)
-        return self.drop(x + self.pe[: ids.shape[1]])  # (B, L, D)
+        return self.drop(x + self.pe[start : start + ids.shape[1]])  # (B, L, D)
+
+    @property
+    def max_positions(self) -> int:
+        """Longest source or target the sinusoidal table covers (``cfg.max_len``)."""
+        return self.cfg.max_len
+
+    def new_cache(self) -> EncoderDecoderCache:
+        """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
+        return EncoderDecoderCache(self.cfg.n_decoder_layers)
+
+    def decoder_lm(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> "EncodedSource":
+        """Encode ``src`` once and return the decoder as a causal LM for :mod:`companion.generation`."""
+        if src_attention_mask is None:
+            src_attention_mask = src != self.cfg.pad_id
+        return EncodedSource(self, self.encode(src, src_attention_mask), src_attention_mask)  # (B, S, D) memory
 
     def encode(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Source ids (B, S) -> memory (B, S, D). The mask (B, S) is 1 on real tokens (default: ``src != pad_id``)."""
@@ -181,20 +204,31 @@ class Transformer(nn.Module):
         memory: torch.Tensor,
         src_attention_mask: torch.Tensor,
         tgt_attention_mask: torch.Tensor | None = None,
+        *,
+        cache: EncoderDecoderCache | None = None,
     ) -> torch.Tensor:
-        """Decoder input ids (B, T) and memory (B, S, D) -> logits (B, T, V)."""
+        """Decoder input ids (B, T) and memory (B, S, D) -> logits (B, T, V).
+
+        With a ``cache`` (:meth:`new_cache`), ``tgt_in`` holds only the new decoder
+        tokens and ``tgt_attention_mask``, if given, covers cached and new ones.
+        """
         sc = ShapeChecker()
         self._check_ids("tgt_in", tgt_in, sc, ("B", "T"))
         sc.check("memory", memory, ("B", "S", self.cfg.d_model))
         sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
+        start = 0 if cache is None else cache.length
+        t = tgt_in.shape[1]
+        if start + t > self.cfg.max_len:
+            raise ValueError(f"decoder positions {start}..{start + t - 1} exceed max_len={self.cfg.max_len}")
         if tgt_attention_mask is None:
-            tgt_attention_mask = torch.ones_like(tgt_in, dtype=torch.bool)
-        sc.check("tgt_attention_mask", tgt_attention_mask, ("B", "T"))
-        self_mask = decoder_self_mask(tgt_attention_mask)  # (B, 1, T, T)
-        cross_mask = cross_attention_mask(src_attention_mask, tgt_in.shape[1])  # (B, 1, T, S)
-        x = self.embed_tokens(tgt_in)
+            tgt_attention_mask = torch.ones(tgt_in.shape[0], start + t, dtype=torch.bool, device=tgt_in.device)
+        sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
+        # Causal (bottom-right when keys are cached) AND target padding.
+        self_mask = combine_masks(causal_mask(t, start + t, device=tgt_in.device), padding_mask(tgt_attention_mask))
+        cross_mask = cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
+        x = self.embed_tokens(tgt_in, start)
         for block in self.decoder:
-            x = block(x, self_mask, context=memory, context_mask=cross_mask)  # (B, T, D)
+            x = block(x, self_mask, context=memory, context_mask=cross_mask, cache=cache)  # (B, T, D)
         return self.lm_head(x)  # (B, T, V)
 
     def forward(
@@ -223,6 +257,32 @@ def seq2seq_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, *, bo
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
 
 
+class EncodedSource:
+    """A :class:`Transformer` with its source encoded: the decoder as a causal LM for :mod:`companion.generation`.
+
+    ``generate`` and ``beam_search`` drive it like a decoder-only model
+    (``new_cache``, ``max_positions``, ``__call__``); beam search feeds
+    ``K`` rows per source, so memory rows are repeated to match.
+    """
+
+    def __init__(self, model: Transformer, memory: torch.Tensor, src_attention_mask: torch.Tensor) -> None:
+        self.model, self.memory, self.src_attention_mask = model, memory, src_attention_mask
+        self.max_positions = model.cfg.max_len
+
+    def new_cache(self) -> EncoderDecoderCache:
+        return self.model.new_cache()
+
+    def __call__(self, idx: torch.Tensor, *, cache: EncoderDecoderCache | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        memory, src_mask = self.memory, self.src_attention_mask
+        if idx.shape[0] != memory.shape[0]:
+            rep = idx.shape[0] // memory.shape[0]  # beams per source
+            memory, src_mask = memory.repeat_interleave(rep, dim=0), src_mask.repeat_interleave(rep, dim=0)
+        if cache is None:  # (stand-ins with the same encode/decode methods need not know caches)
+            return self.model.decode(idx, memory, src_mask, attention_mask)  # (B, T, V)
+        return self.model.decode(idx, memory, src_mask, attention_mask, cache=cache)  # (B, T, V)
+
+
 @torch.no_grad()
 def greedy_decode(
     model: Transformer,
@@ -232,31 +292,23 @@ def greedy_decode(
     eos_id: int,
     max_new_tokens: int,
     src_attention_mask: torch.Tensor | None = None,
+    use_cache: bool = False,
 ) -> torch.Tensor:
     """Greedy decoding: encode once, then append the most likely token until EOS or ``max_new_tokens``.
 
     Returns the generated ids (B, L) without the leading BOS, ``L <= max_new_tokens``;
     after a sequence emits ``eos_id`` its remaining positions hold ``pad_id``.
-    The decoder is re-run on the whole prefix at every step (no cache; see Chapter 10).
+    By default the decoder is re-run on the whole prefix at every step (Chapter 10
+    adds the cache: ``use_cache=True``). The loop is :func:`companion.generation.generate`'s.
     """
     check_positive_int("max_new_tokens", max_new_tokens)
-    pad = model.cfg.pad_id
-    if src_attention_mask is None:
-        src_attention_mask = src != pad
     was_training = model.training
     model.eval()
-    memory = model.encode(src, src_attention_mask)  # (B, S, D)
-    b = src.shape[0]
-    out = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
-    done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    for _ in range(max_new_tokens):
-        logits = model.decode(out, memory, src_attention_mask)  # (B, t, V)
-        nxt = logits[:, -1].argmax(dim=-1)  # (B,)
-        nxt = nxt.masked_fill(done, pad)
-        out = torch.cat([out, nxt[:, None]], dim=1)  # (B, t + 1)
-        done |= nxt == eos_id
-        if bool(done.all()):
-            break
+    if src_attention_mask is None:
+        src_attention_mask = src != model.cfg.pad_id
+    lm = EncodedSource(model, model.encode(src, src_attention_mask), src_attention_mask)  # (B, S, D) memory
+    start = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+    out = generate(lm, start, max_new_tokens, eos_token_id=eos_id, pad_token_id=model.cfg.pad_id, use_cache=use_cache)
     model.train(was_training)
     return out[:, 1:]
 
@@ -270,50 +322,22 @@ def cross_attention_weights(
 ) -> list[torch.Tensor]:
     """Cross-attention weights of every decoder layer, each ``(B, H, T, S)``, for teacher-forced inputs.
 
-    Runs the model once (in eval mode) with a hook that records what each
-    decoder layer's cross-attention receives, then recomputes that attention
-    with ``return_weights=True``. Row ``t`` of a weight matrix says which source
-    positions decoder input ``t`` reads.
+    Runs the model once (in eval mode) inside :func:`companion.attention.record_attention`,
+    which keeps the weights each decoder layer's cross-attention forms. Row ``t``
+    of a weight matrix says which source positions decoder input ``t`` reads.
     """
-    captured = []
-
-    def record(module, args, kwargs):
-        captured.append((module, args, kwargs))
-
-    handles = [block.cross_attn.register_forward_pre_hook(record, with_kwargs=True) for block in model.decoder]
     was_training = model.training
     model.eval()
     try:
-        model(src, tgt_in, src_attention_mask)
+        with record_attention(model.decoder, cross=True) as weights:
+            model(src, tgt_in, src_attention_mask)
     finally:
-        for handle in handles:
-            handle.remove()
         model.train(was_training)
-    return [module(*args, **kwargs, return_weights=True)[1] for module, args, kwargs in captured]  # each (B, H, T, S)
+    return [weights[f"{i}.cross_attn"][0] for i in range(len(model.decoder))]  # each (B, H, T, S)
 
 
 # ---------------------------------------------------------------- weights from torch.nn
-# (Encoder layers: ``TransformerBlock.from_torch``; decoder layers need the cross-attention too.)
-
-def _copy_mha(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    d = ours.d_model
-    w, b = theirs.in_proj_weight, theirs.in_proj_bias  # rows [0, D) W_Q, [D, 2D) W_K, [2D, 3D) W_V
-    if ours.cross:
-        ours.q.weight.copy_(w[:d])
-        ours.q.bias.copy_(b[:d])
-        ours.kv.weight.copy_(w[d:])
-        ours.kv.bias.copy_(b[d:])
-    else:
-        ours.qkv.weight.copy_(w)
-        ours.qkv.bias.copy_(b)
-    ours.out.weight.copy_(theirs.out_proj.weight)
-    ours.out.bias.copy_(theirs.out_proj.bias)
-
-
-def _copy_linear_norm(ours: nn.Module, theirs: nn.Module) -> None:
-    ours.weight.copy_(theirs.weight)
-    ours.bias.copy_(theirs.bias)
-
+# (``TransformerBlock.from_torch`` converts both kinds; this keeps Chapter 4's post-LN, ReLU check.)
 
 def _check_torch_layer(layer: nn.Module, kind: type) -> None:
     if not isinstance(layer, kind):
@@ -333,14 +357,4 @@ def block_from_torch_decoder_layer(layer: nn.TransformerDecoderLayer) -> Transfo
     the FFN; the companion names are ``norm1, norm_cross, norm2``.
     """
     _check_torch_layer(layer, nn.TransformerDecoderLayer)
-    d, f = layer.linear1.in_features, layer.linear1.out_features
-    block = TransformerBlock(d, layer.self_attn.num_heads, f, norm_first=False, cross=True, activation="relu",
-                             norm_eps=layer.norm1.eps)
-    _copy_mha(block.self_attn, layer.self_attn)
-    _copy_mha(block.cross_attn, layer.multihead_attn)
-    _copy_linear_norm(block.ffn.up, layer.linear1)
-    _copy_linear_norm(block.ffn.down, layer.linear2)
-    _copy_linear_norm(block.norm1, layer.norm1)
-    _copy_linear_norm(block.norm_cross, layer.norm2)
-    _copy_linear_norm(block.norm2, layer.norm3)
-    return block.eval()
+    return TransformerBlock.from_torch(layer).eval()

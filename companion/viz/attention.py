@@ -1,4 +1,4 @@
-"""Plots and widgets shared by the chapters (matplotlib, ipywidgets).
+"""Attention weights as heat maps, per head, and a widget to browse them (Chapter 2).
 
 Every widget has a static counterpart (``plot_*``) so the website shows the
 same content without a running kernel.

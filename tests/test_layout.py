@@ -1,0 +1,53 @@
+"""The package's shape: every model is built from the shared attention and block, nothing is copied."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from companion.attention import MultiHeadAttention
+from companion.blocks import Block
+
+PACKAGE = Path(__file__).resolve().parents[1] / "companion"
+
+
+def _sources():
+    return {p.relative_to(PACKAGE).as_posix(): p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+
+
+def test_only_the_attention_module_calls_the_attention_kernel_or_defines_lm_loss():
+    kernel = [name for name, src in _sources().items()
+              if "F.scaled_dot_product_attention(" in src or "functional.scaled_dot_product_attention(" in src]
+    assert kernel == ["attention.py"]
+    losses = [name for name, src in _sources().items() if re.search(r"^def lm_loss\(", src, re.M)]
+    assert losses == ["training.py"]
+    blocks = [name for name, src in _sources().items() if re.search(r"^class \w+\((nn\.Module|Block)\)", src, re.M)
+              and re.search(r"def _residual\(", src)]
+    assert blocks == ["blocks.py"]  # one residual wiring
+
+
+def test_every_model_is_made_of_blocks_and_multi_head_attention():
+    from companion.diagnostics import StackConfig, StackLM
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.models.position_lm import PositionLM, PositionLMConfig
+    from companion.models.transformer import Transformer, TransformerConfig
+
+    models = [
+        GPT(GPTConfig(vocab_size=11, block_size=8, d_model=8, n_layers=2, n_heads=2)),
+        Transformer(TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                                      n_decoder_layers=1, max_len=8)),
+        *(PositionLM(PositionLMConfig(vocab_size=11, position=p, d_model=8, n_heads=2, d_ff=16))
+          for p in ("none", "t5", "rope", "alibi")),
+        StackLM(StackConfig(vocab_size=11, block_size=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
+    ]
+    for model in models:
+        blocks = [m for m in model.modules() if isinstance(m, Block)]
+        attns = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+        assert blocks and len(attns) == sum(1 + b.cross for b in blocks), type(model).__name__
+        # and nothing else in the model holds attention projections of its own
+        others = [n for n, m in model.named_modules() if re.search(r"(attn|attention)$", n)
+                  and not isinstance(m, MultiHeadAttention)]
+        assert not others, (type(model).__name__, others)
+    assert torch.is_tensor(models[0](torch.zeros(1, 3, dtype=torch.long)))
