@@ -1,0 +1,127 @@
+"""Start a submission's worker process with limits, in a sandbox where one is available.
+
+On Linux with ``bwrap`` (bubblewrap, Debian package ``bubblewrap``) the worker
+sees the whole file system read-only, a private ``/tmp``, no network and its
+own process namespace; the only writable folder is the submission's temporary
+working copy. Everywhere, the worker gets resource limits (CPU seconds,
+address space, file size, processes) and its own session, so that the grader
+can kill it and all its children with one ``SIGKILL`` (which no signal
+handler can ignore). Without bubblewrap the limits still apply, but the
+student's code could write wherever the grader's user can: the grader says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Limits", "sandbox_status", "start_worker", "kill_worker"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    notebook_seconds: float = 300.0  # wall clock for one notebook, all exercises included
+    cell_seconds: float = 60.0  # wall clock for one code cell of the submission
+    cpu_seconds: int = 600  # CPU time of one worker process (RLIMIT_CPU)
+    memory_bytes: int = 6 * 1024**3  # address space of the worker (RLIMIT_AS); torch alone maps ~1-2 GB
+    file_bytes: int = 64 * 1024**2  # largest file the worker may write (RLIMIT_FSIZE)
+    processes: int = 1024  # RLIMIT_NPROC: counts every process of the user (not enforced for root)
+
+
+_BWRAP_OK: bool | None = None
+
+
+def _bwrap_works() -> bool:
+    global _BWRAP_OK
+    if _BWRAP_OK is None:
+        exe = shutil.which("bwrap")
+        _BWRAP_OK = False
+        if exe and sys.platform.startswith("linux"):
+            try:
+                probe = subprocess.run([exe, *_bwrap_args(Path("/tmp")), "--", "true"],
+                                       capture_output=True, timeout=20)
+                _BWRAP_OK = probe.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                _BWRAP_OK = False
+    return _BWRAP_OK
+
+
+def sandbox_status() -> str:
+    """One line for the terminal and the JSON: which isolation the workers get."""
+    if _bwrap_works():
+        return "bubblewrap: read-only file system, private /tmp, no network; plus resource limits"
+    why = "bwrap is not installed" if shutil.which("bwrap") is None else "bwrap cannot create namespaces here"
+    if not sys.platform.startswith("linux"):
+        why = f"no sandbox on {sys.platform}"
+    return (f"WARNING: no sandbox ({why}); falling back to resource limits only: submitted code "
+            "can read and write any file this user can (install bubblewrap: apt-get install bubblewrap)")
+
+
+def _bwrap_args(workdir: Path) -> list[str]:
+    return [
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--bind", str(workdir), str(workdir),  # after the tmpfs: the working copy may live under /tmp
+        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--die-with-parent", "--new-session",
+        "--chdir", str(workdir),
+    ]
+
+
+def _limit(limits: Limits):
+    def apply() -> None:
+        import resource
+
+        for what, value in ((resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.memory_bytes),
+                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_NPROC, limits.processes),
+                            (resource.RLIMIT_CORE, 0)):
+            try:
+                resource.setrlimit(what, (value, value))
+            except (ValueError, OSError):
+                pass  # a hard limit already lower than ours stays
+    return apply
+
+
+def start_worker(workdir: Path, limits: Limits, log: Path) -> subprocess.Popen:
+    """The worker for one submission: protocol on its stdin/stdout, its stderr (student prints) in ``log``."""
+    workdir = Path(workdir).resolve()
+    python = [sys.executable, "-m", "companion.grading.worker"]
+    cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_args(workdir), "--", *python] if _bwrap_works() else python
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV")}
+    env.update(HOME=str(workdir), TMPDIR=str(workdir), MPLCONFIGDIR=str(workdir / ".matplotlib"),
+               MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                           *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    kwargs = {}
+    if os.name == "posix":
+        kwargs = {"preexec_fn": _limit(limits), "start_new_session": True}
+    with open(log, "ab") as err:
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd=workdir,
+                                env=env, **kwargs)
+
+
+def kill_worker(proc: subprocess.Popen) -> None:
+    """SIGKILL the worker's whole process group (bubblewrap takes its namespace down with it)."""
+    if proc.poll() is None:
+        try:
+            if os.name == "posix":
+                os.killpg(proc.pid, 9)
+            else:
+                proc.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
