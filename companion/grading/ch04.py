@@ -64,6 +64,7 @@ register(Exercise(
     id="4.1",
     title="Shift right for teacher forcing",
     targets=("shift_right",),
+    forbidden=("companion.models.transformer",),  # the reference itself
     cases=(
         Case("random targets (B=3, T=7)", 2, _shift_random),
         Case("right-padded targets with EOS", 1, _shift_padded),
@@ -111,6 +112,7 @@ register(Exercise(
     id="4.2",
     title="The decoder's combined mask",
     targets=("decoder_self_mask",),
+    forbidden=("companion.models.transformer",),  # the reference itself
     cases=(
         Case("no padding: the causal mask, shape (B, 1, T, T)", 2, _mask_no_padding),
         Case("right padding of different lengths", 2, _mask_padding),
@@ -183,6 +185,7 @@ register(Exercise(
     id="4.3",
     title="A post-LN encoder layer",
     targets=("PostLNEncoderLayer",),
+    forbidden=("companion.blocks.TransformerBlock", "companion.models.transformer"),  # the reference itself
     cases=(
         Case("matches nn.TransformerEncoderLayer (post-LN) with the same weights", 3, _layer_matches_torch),
         Case("passes the mask to self-attention (padding)", 2, _layer_with_padding),
@@ -276,6 +279,7 @@ register(Exercise(
     id="4.4",
     title="Greedy decoding",
     targets=("greedy_decode",),
+    forbidden=("companion.models.transformer", "companion.generation"),  # the reference itself
     cases=(
         Case("feeds its own predictions back (scripted model)", 3, _greedy_scripted),
         Case("pads after EOS and stops when every sequence is done", 2, _greedy_padded_stop),

@@ -55,6 +55,7 @@ register(Exercise(
     id="5.1",
     title="LayerNorm by hand",
     targets=("layer_norm",),
+    forbidden=("companion.blocks", "torch.nn.functional.layer_norm"),  # the reference itself
     cases=(
         Case("random input, weight and bias (D=13)", 2, _ln_random),
         Case("biased variance (divide by D)", 1, _ln_biased_variance),
@@ -142,6 +143,7 @@ register(Exercise(
     id="5.2",
     title="An RMSNorm module",
     targets=("RMSNorm",),
+    forbidden=("companion.blocks", "torch.nn.RMSNorm"),  # the reference itself
     cases=(
         Case("weight is a Parameter of ones", 1, _rms_init),
         Case("equals nn.RMSNorm with the same weight (D=13)", 2, _rms_random),
@@ -207,6 +209,7 @@ register(Exercise(
     id="5.3",
     title="The pre-LN and post-LN residual sublayer",
     targets=("residual_sublayer",),
+    forbidden=("companion.blocks",),  # the reference itself
     cases=(
         Case("pre-LN on random input", 2, _res_pre),
         Case("post-LN on random input", 2, _res_post),
@@ -260,6 +263,7 @@ register(Exercise(
     id="5.4",
     title="Linear warm-up then cosine decay",
     targets=("warmup_cosine_lr",),
+    forbidden=("companion.training",),  # the reference itself
     cases=(
         Case("linear warm-up from peak/warmup to peak", 2, _lr_warmup),
         Case("cosine decay after warm-up", 2, _lr_cosine),

@@ -316,6 +316,9 @@ def expect_tensor(
         raise CheckFailed(f"{name} should have dtype {want.dtype}, got {got.dtype}")
     got_d, want_d = got.detach().to(torch.float64), want.detach().to(torch.float64)
     bad_got = ~torch.isfinite(got_d) & torch.isfinite(want_d)
+    if got_d.numel() and torch.isnan(got_d).all() and not torch.isnan(want_d).all():
+        raise CheckFailed(f"{name} is NaN everywhere ({got_d.numel()} values): look for a division by zero "
+                          "or a softmax of a row that is all -inf")
     if bad_got.any():
         n_nan = int(torch.isnan(got_d).sum())
         idx = tuple(int(i) for i in bad_got.nonzero()[0])

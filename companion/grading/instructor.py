@@ -139,7 +139,9 @@ def _defined_names(tree: ast.AST) -> list[str]:
 def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dict[str, list[str]]]:
     """Notebook-level flags and flags per exercise id, from the code alone (nothing is run)."""
     notebook_flags: list[str] = []
-    used: set[str] = set()
+    owner = {name: ex.id for ex in exercises for name in ex.targets}
+    used_by: dict[str, set[str]] = {ex.id: set() for ex in exercises}
+    shared: set[str] = set()  # names used by cells that define no exercise's target (imports, helpers)
     for i, cell in enumerate(nb["cells"]):
         if cell.get("cell_type") != "code":
             continue
@@ -147,12 +149,17 @@ def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dic
             tree = ast.parse(_source(cell))
         except SyntaxError:
             continue  # IPython syntax or a typo: the worker reports the cell's error
-        used |= _used_names(tree)
         defined = _defined_names(tree)
+        owners = {owner[n] for n in defined if n in owner}
+        for ex_id in owners:
+            used_by[ex_id] |= _used_names(tree)
+        if not owners:
+            shared |= _used_names(tree)
         if defined and _tags(cell) & SKIP_TAGS:
             notebook_flags.append(f"cell {i} (a check cell) defines {', '.join(defined)}: it was run as the student's code")
     per_exercise: dict[str, list[str]] = {}
     for ex in exercises:
+        used = used_by[ex.id] | shared
         hits = sorted({f for f in ex.forbidden for u in used if u == f or u.startswith(f + ".")})
         if hits:
             per_exercise[ex.id] = [f"uses {h}, which exercise {ex.id} forbids" for h in hits]

@@ -120,8 +120,11 @@ class Worker:
                     name = message[1]
                     reply = {"value": self.handle_of(self.namespace[name]) if name in self.namespace else None}
                 elif kind == "call":
-                    _, key, args, kwargs = message
-                    reply = {"value": self.plain(self.objects[key](*args, **kwargs))}
+                    import torch
+
+                    _, key, args, kwargs, grad = message
+                    with torch.set_grad_enabled(grad):
+                        reply = {"value": self.plain(self.objects[key](*args, **kwargs))}
                 elif kind == "getattr":
                     reply = {"value": self.plain(getattr(self.objects[message[1]], message[2]))}
                 elif kind == "setattr":
