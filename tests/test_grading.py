@@ -200,3 +200,54 @@ def test_unknown_exercise_is_a_clear_error():
         get_exercise("2.99")
     with pytest.raises(ValueError, match="chapter 98 has no graded exercises"):
         get_exercise("98.1")
+
+
+# ---------------------------------------------------------------- authoring checks
+
+def test_malformed_solution_markers_are_rejected():
+    from companion.grading.authoring import strip_solutions
+
+    for bad in ("def f():\n    ## BEGIN SOLUTION\n    return 1\n    ## END SOLUTION\n",
+                "def f():\n    ### begin solution\n    return 1\n    ### END SOLUTION\n",
+                "def f():\n    #### END SOLUTION\n"):
+        with pytest.raises(ValueError, match="malformed solution marker"):
+            strip_solutions(bad)
+    with pytest.raises(ValueError, match="never closed"):
+        strip_solutions("def f():\n    ### BEGIN SOLUTION\n    return 1\n")
+
+
+def test_statement_points_must_match_the_registry():
+    import copy
+    import json
+    from pathlib import Path
+
+    from companion.grading.authoring import check_statements
+
+    sol = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ch02_attention.ipynb").read_text())
+    check_statements(sol)
+    wrong = copy.deepcopy(sol)
+    for cell in wrong["cells"]:
+        src = "".join(cell["source"])
+        if src.startswith("## Exercise 2.3"):
+            cell["source"] = src.replace("(6 points)", "(7 points)")
+    with pytest.raises(ValueError, match="2.3 says 7 points, companion/grading/ch02.py gives 6"):
+        check_statements(wrong)
+
+
+def test_exercise_notebooks_carry_nbgrader_metadata():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "exercises").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        metas = [c["metadata"]["nbgrader"] for c in nb["cells"]]
+        assert len({m["grade_id"] for m in metas}) == len(metas), path.name  # unique ids
+        graded = [m for m in metas if m["grade"]]
+        chapter = nb["metadata"]["companion"]["chapter"]
+        from companion.grading import chapter_exercises
+
+        assert sorted(m["points"] for m in graded) == sorted(e.points for e in chapter_exercises(chapter))
+        assert all(set(m) >= {"grade", "grade_id", "locked", "schema_version", "solution", "task"} for m in metas)
+        assert sum(m["solution"] for m in metas) >= len(graded)
+        assert not any(m["solution"] and m["locked"] for m in metas)
