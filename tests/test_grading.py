@@ -251,3 +251,37 @@ def test_exercise_notebooks_carry_nbgrader_metadata():
         assert all(set(m) >= {"grade", "grade_id", "locked", "schema_version", "solution", "task"} for m in metas)
         assert sum(m["solution"] for m in metas) >= len(graded)
         assert not any(m["solution"] and m["locked"] for m in metas)
+
+
+# ---------------------------------------------------------------- the student view works on copies
+
+def inplace_scaled_attention(q, k, v, mask=None):  # correct: the in-place update touches only its copy
+    q /= math.sqrt(q.shape[-1])
+    return scaled_dot_product_attention(q, k, v, mask, scale=1.0, return_weights=True)
+
+
+def zeroes_its_inputs(q, k, v, mask=None):  # computes nothing; zeroing the inputs must not fool the reference
+    for t in (q, k, v):
+        t.zero_()
+    w = torch.full(q.shape[:-1] + (k.shape[-2],), 1.0 / k.shape[-2])
+    return w @ v, w
+
+
+def test_student_code_gets_copies_of_the_inputs():
+    assert earned("2.1", inplace_scaled_attention)[0] == 8
+    assert earned("2.1", zeroes_its_inputs)[0] == 0
+
+
+def test_an_all_nan_output_says_so():
+    with pytest.raises(CheckFailed, match=r"NaN everywhere \(6 values\)"):
+        expect_tensor(torch.full((2, 3), float("nan")), torch.zeros(2, 3))
+
+
+def test_in_place_changes_are_still_caught_where_a_check_asks():
+    def mutating_top_k(logits, k):
+        logits[..., 0] = -1e9
+        return logits
+
+    res = run_exercise(get_exercise("10.1"), mutating_top_k)
+    last = res.cases[-1]
+    assert last.name == "does not modify its input" and last.earned == 0 and "in place" in last.message

@@ -5,6 +5,7 @@ the temporary copies changes, and the batch ends within its stated bound.
 """
 
 import hashlib
+import os
 import json
 import shutil
 import subprocess
@@ -129,3 +130,22 @@ def test_table_csv_and_progress(batch):
         assert name in proc.stdout and name in batch["csv"]
     assert proc.stdout.splitlines()[0].split()[:2] == ["notebook", "status"]
     assert batch["csv"].splitlines()[0].startswith("notebook,status,chapter,")
+
+
+def test_without_a_sandbox_the_grader_warns_and_flags_writes(tmp_path):
+    """The fallback (resource limits only) says so, and notices a submission that wrote into the folder."""
+    nb = json.loads((FIXTURES / "sol-ch02.ipynb").read_text())
+    nb["cells"].insert(-1, {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                            "source": f"open({str(tmp_path / 'escaped.txt')!r}, 'w').write('x')\n"})
+    (tmp_path / "writer.ipynb").write_text(json.dumps(nb))
+    proc = subprocess.run(
+        [sys.executable, "-m", "companion.grading", "grade", str(tmp_path), "--notebook-timeout", "60"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "COMPANION_GRADING_SANDBOX": "none"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WARNING: no sandbox (COMPANION_GRADING_SANDBOX=none)" in proc.stderr
+    doc = json.loads((tmp_path / "scores.json").read_text())
+    assert doc["sandbox"].startswith("WARNING: no sandbox")
+    (row,) = doc["notebooks"]
+    assert (row["status"], row["earned"], row["points"]) == ("graded", 28, 28)
+    assert row["flags"] == ["the submissions changed on disk while this notebook was graded"]

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -281,7 +283,16 @@ def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict
                 result.cases.append(CaseResult(case.name, case.points, 0, f"{', '.join(missing)} not defined in the notebook"))
                 continue
             torch.manual_seed(0)  # as in run_exercise: the same inputs as in the student's notebook
-            result.cases.append(run_case(case, *students))
+            left = session.deadline - time.monotonic()
+            if left < case.timeout:  # the notebook's limit comes first
+                got = run_case(dataclasses.replace(case, timeout=max(left, 0.1)), *students)
+                if got.earned == 0 and got.message.startswith("did not finish"):
+                    status = "timeout"
+                    reason = f"not graded: the notebook exceeded its limit of {session.limits.notebook_seconds:g} s"
+                    got.message = reason
+            else:
+                got = run_case(case, *students)
+            result.cases.append(got)
             if session.channel is None or session.channel.broken:
                 session.stop()  # a case timed out or the worker died: a fresh worker for the next case
         reports.append(result.as_dict())
@@ -371,6 +382,18 @@ def _write(results: list[dict[str, Any]], csv_path: Path | None, json_path: Path
                                  "; ".join(r["flags"]), r["reason"]])
 
 
+def _digest(folder: Path, skip: tuple[Path | None, ...] = ()) -> str:
+    """A hash of the files under ``folder`` (names and contents), ignoring caches and the result files."""
+    skipped = {Path(p).resolve() for p in skip if p is not None}
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and p.name not in ("scores.csv", "scores.json") \
+                and p.resolve() not in skipped:
+            h.update(str(p.relative_to(folder)).encode())
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def grade_folder(
     folder: Path, *, csv_path: Path | None = None, json_path: Path | None = None,
     limits: Limits | None = None, progress: TextIO | None = sys.stderr,
@@ -381,6 +404,10 @@ def grade_folder(
     if not paths:
         raise ValueError(f"no .ipynb files in {folder}")
     sandbox = sandbox_status()
+    sandboxed = sandbox.startswith("bubblewrap")
+    package = Path(__file__).resolve().parents[1]
+    skip = (csv_path, json_path)
+    watched = {"the companion package": (package, _digest(package)), "the submissions": (folder, _digest(folder, skip))}
     if progress:
         print(f"grading {len(paths)} notebooks, at most {limits.notebook_seconds:g} s each; sandbox: {sandbox}",
               file=progress, flush=True)
@@ -392,6 +419,14 @@ def grade_folder(
             except Exception as err:  # noqa: BLE001 - a bug of the grader must not lose the other rows
                 row = {**_row(path, "crashed", f"grader error: {type(err).__name__}: {err}"[:500]), "seconds": None}
                 row["errors"] = traceback.format_exc().splitlines()[-5:]
+            if not sandboxed:  # without a sandbox a submission could write: at least notice it
+                for what, (where, digest) in list(watched.items()):
+                    now = _digest(where, skip)
+                    if now != digest:
+                        row["flags"].append(f"{what} changed on disk while this notebook was graded")
+                        watched[what] = (where, now)
+                        if progress:
+                            print(f"WARNING: {path.name} changed {what} ({where})", file=progress, flush=True)
             results.append(row)
             _write(results, csv_path, json_path, sandbox)
             if progress:

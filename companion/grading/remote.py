@@ -24,6 +24,7 @@ import os
 import pickle
 import select
 import struct
+import sys
 import time
 from typing import Any
 
@@ -164,24 +165,19 @@ class _HandlePickler(pickle.Pickler):
 
 
 def _trusted_class(mro: list[str]) -> type | None:
-    """The first torch class in the student's object's MRO, looked up by name in the grader.
+    """The first ``torch.nn.Module`` class in the student's object's MRO, found by name in the grader.
 
-    Lets ``isinstance(proxy, nn.Linear)`` hold for a student's ``nn.Linear``;
-    the behaviour is still checked by calling it.
+    Lets ``isinstance(proxy, nn.Linear)`` hold for a student's ``nn.Linear``
+    (the behaviour is still checked by calling it). Only modules the grader has
+    already imported are searched, and only module classes are claimed: a proxy
+    never passes for a tensor.
     """
-    import importlib
-
     for qualname in mro:
         module, _, name = qualname.rpartition(".")
-        if not module.startswith("torch"):
-            continue
-        try:
-            found = importlib.import_module(module)
-            for part in name.split("."):
-                found = getattr(found, part)
-        except (ImportError, AttributeError):
-            continue
-        if isinstance(found, type):
+        found = sys.modules.get(module) if module.split(".")[0] == "torch" else None
+        for part in name.split(".") if found is not None else ():
+            found = getattr(found, part, None)
+        if isinstance(found, type) and issubclass(found, torch.nn.Module):
             return found
     return None
 
