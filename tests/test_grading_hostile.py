@@ -44,6 +44,7 @@ EXPECTED = {
     "h-imports-reference-ch02.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 0, "2.4": 0}),
     "h-imports-reference-ch09.ipynb": ("graded", {"9.1": 0, "9.2": 7, "9.3": 0, "9.4": 6}),
     "h-defines-in-check-cell.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
+    "h-copies-other-solutions.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
 }
 
 
@@ -58,6 +59,13 @@ def test_every_fixture_has_an_expected_row():
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
+    from companion.grading.sandbox import sandbox_status
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the sandbox (bubblewrap) is Linux only; elsewhere the grader falls back and says so")
+    if not sandbox_status().startswith("bubblewrap"):
+        # Without a sandbox these submissions would really rewrite the package and the other notebooks.
+        pytest.fail("the hostile submissions need bubblewrap: apt-get install bubblewrap (" + sandbox_status() + ")")
     folder = tmp_path_factory.mktemp("hostile")
     for path in FIXTURES.glob("*.ipynb"):
         text = path.read_text(encoding="utf-8").replace("@@FOLDER@@", str(folder))
@@ -85,8 +93,6 @@ def test_scores_and_statuses(batch):
 
 
 def test_nothing_outside_the_temporary_copies_changed(batch):
-    if not batch["doc"]["sandbox"].startswith("bubblewrap"):
-        pytest.skip("without bubblewrap the grader cannot stop a submission writing files (it says so)")
     assert batch["after"] == batch["before"]
     assert not (batch["folder"] / "escaped.txt").exists()
 

@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from .sandbox import Limits, kill_worker, sandbox_status, start_worker
+from .sandbox import Limits, hidden_paths, kill_worker, sandbox_status, start_worker
 
 __all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table", "find_flags"]
 
@@ -173,8 +173,9 @@ def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dic
 class _Session:
     """A worker for one submission that can be restarted; the grader's side of it."""
 
-    def __init__(self, workdir: Path, cells: list[tuple[int, str]], limits: Limits, deadline: float) -> None:
-        self.workdir, self.cells, self.limits, self.deadline = workdir, cells, limits, deadline
+    def __init__(self, workdir: Path, cells: list[tuple[int, str]], limits: Limits, deadline: float,
+                 hide: tuple[Path, ...] = ()) -> None:
+        self.workdir, self.cells, self.limits, self.deadline, self.hide = workdir, cells, limits, deadline, hide
         self.skipped: dict[int, str] = {}
         self.errors: list[str] = []
         self.proc = None
@@ -200,7 +201,7 @@ class _Session:
             if time.monotonic() > self.deadline:
                 raise TimeoutError
             self.starts += 1
-            self.proc = start_worker(self.workdir, self.limits, self.log)
+            self.proc = start_worker(self.workdir, self.limits, self.log, self.hide)
             self.channel = Channel(self.proc.stdin.fileno(), self.proc.stdout.fileno())
             todo = [(i, s) for i, s in self.cells if i not in self.skipped]
             from .remote import _HandlePickler  # noqa: F401 - requests are pickled like any other
@@ -307,8 +308,12 @@ def _row(path: Path, status: str, reason: str = "", chapter: int | None = None,
             "exercises": exercises, "errors": [], "flags": []}
 
 
-def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path | None = None) -> dict[str, Any]:
-    """Grade one submission; never raises for anything the submission contains."""
+def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path | None = None,
+                   hide: tuple[Path, ...] | None = None) -> dict[str, Any]:
+    """Grade one submission; never raises for anything the submission contains.
+
+    ``hide``: paths the worker must not read (default: the notebook's folder and the course's solutions).
+    """
     from .core import chapter_exercises
 
     path, limits = Path(path), limits or Limits()
@@ -326,7 +331,8 @@ def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path |
     root = Path(tempfile.mkdtemp(prefix="companion-grade-")) if own_root else Path(workroot)
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=root))
     shutil.copyfile(path, workdir / "submission.ipynb")  # the worker sees only this copy
-    session = _Session(workdir, cells, limits, deadline=start + limits.notebook_seconds)
+    hide = hidden_paths(path.parent) if hide is None else hide
+    session = _Session(workdir, cells, limits, deadline=start + limits.notebook_seconds, hide=hide)
     try:
         reports, status, reason = _grade_exercises(session, exercises)
     finally:
@@ -394,6 +400,19 @@ def _digest(folder: Path, skip: tuple[Path | None, ...] = ()) -> str:
     return h.hexdigest()
 
 
+def _not_traceable() -> None:
+    """Linux: no process of the same user may ptrace the grader (PR_SET_DUMPABLE = 0).
+
+    Matters without bubblewrap, where a submission runs as the grader's user."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
 def grade_folder(
     folder: Path, *, csv_path: Path | None = None, json_path: Path | None = None,
     limits: Limits | None = None, progress: TextIO | None = sys.stderr,
@@ -407,6 +426,8 @@ def grade_folder(
     sandboxed = sandbox.startswith("bubblewrap")
     package = Path(__file__).resolve().parents[1]
     skip = (csv_path, json_path)
+    hide = hidden_paths(folder, skip)
+    _not_traceable()
     watched = {"the companion package": (package, _digest(package)), "the submissions": (folder, _digest(folder, skip))}
     if progress:
         print(f"grading {len(paths)} notebooks, at most {limits.notebook_seconds:g} s each; sandbox: {sandbox}",
@@ -415,7 +436,7 @@ def grade_folder(
     with tempfile.TemporaryDirectory(prefix="companion-grade-") as root:
         for n, path in enumerate(paths, 1):
             try:
-                row = grade_notebook(path, limits=limits, workroot=Path(root))
+                row = grade_notebook(path, limits=limits, workroot=Path(root), hide=hide)
             except Exception as err:  # noqa: BLE001 - a bug of the grader must not lose the other rows
                 row = {**_row(path, "crashed", f"grader error: {type(err).__name__}: {err}"[:500]), "seconds": None}
                 row["errors"] = traceback.format_exc().splitlines()[-5:]

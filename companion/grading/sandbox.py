@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Limits", "sandbox_status", "start_worker", "kill_worker"]
+__all__ = ["Limits", "sandbox_status", "hidden_paths", "start_worker", "kill_worker"]
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,31 @@ def _limit(limits: Limits):
     return apply
 
 
-def start_worker(workdir: Path, limits: Limits, log: Path) -> subprocess.Popen:
-    """The worker for one submission: protocol on its stdin/stdout, its stderr (student prints) in ``log``."""
+def hidden_paths(folder: Path, results: tuple[Path | None, ...] = ()) -> tuple[Path, ...]:
+    """What a worker must not even read: the submissions (another student's work), the results,
+    and the course's solutions next to the package (an editable install)."""
+    package_root = Path(__file__).resolve().parents[2]
+    needed = [Path(sys.prefix).resolve(), package_root / "companion", Path(sys.executable).resolve()]
+    hide = [Path(folder).resolve(), package_root / "solutions"]
+    hide += [Path(p).resolve() for p in results if p is not None]
+    return tuple(h for h in hide if h.exists() and not any(n == h or h in n.parents for n in needed))
+
+
+def start_worker(workdir: Path, limits: Limits, log: Path, hide: tuple[Path, ...] = ()) -> subprocess.Popen:
+    """The worker for one submission: protocol on its stdin/stdout, its stderr (student prints) in ``log``.
+
+    ``hide`` (folders or files) are replaced by empty ones inside the sandbox.
+    """
     workdir = Path(workdir).resolve()
     python = [sys.executable, "-m", "companion.grading.worker"]
-    cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_args(workdir), "--", *python] if _bwrap_works() else python
+    masks: list[str] = []
+    for path in hide:
+        masks += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+    # the masks come before the working copy's bind: it may live under a hidden folder
+    bwrap = [*_bwrap_args(workdir)]
+    at = bwrap.index("--bind")
+    bwrap[at:at] = masks
+    cmd = [shutil.which("bwrap") or "bwrap", *bwrap, "--", *python] if _bwrap_works() else python
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV")}
     env.update(HOME=str(workdir), TMPDIR=str(workdir), MPLCONFIGDIR=str(workdir / ".matplotlib"),
                MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
