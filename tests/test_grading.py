@@ -236,6 +236,7 @@ def test_statement_points_must_match_the_registry():
 
 def test_exercise_notebooks_carry_nbgrader_metadata():
     import json
+    import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -248,7 +249,15 @@ def test_exercise_notebooks_carry_nbgrader_metadata():
         from companion.grading import chapter_exercises
 
         assert sorted(m["points"] for m in graded) == sorted(e.points for e in chapter_exercises(chapter))
-        assert all(set(m) >= {"grade", "grade_id", "locked", "schema_version", "solution", "task"} for m in metas)
+        # nbgrader's schema version 3: these keys only, these types, ids of letters, digits, - and _
+        allowed = {"grade", "grade_id", "locked", "points", "schema_version", "solution", "task"}
+        for m in metas:
+            assert {"grade", "locked", "solution", "schema_version"} <= set(m) <= allowed, m
+            assert m["schema_version"] == 3 and re.fullmatch(r"[A-Za-z0-9_-]+", m["grade_id"]), m
+            assert all(isinstance(m[k], bool) for k in ("grade", "locked", "solution", "task"))
+            assert ("points" in m) == m["grade"], m  # points exactly on graded cells
+        for cell, m in zip(nb["cells"], metas):
+            assert not (cell["cell_type"] == "markdown" and (m["grade"] or m["solution"]))  # would need both
         assert sum(m["solution"] for m in metas) >= len(graded)
         assert not any(m["solution"] and m["locked"] for m in metas)
 
