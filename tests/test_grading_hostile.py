@@ -45,6 +45,7 @@ EXPECTED = {
     "h-imports-reference-ch09.ipynb": ("graded", {"9.1": 0, "9.2": 7, "9.3": 0, "9.4": 6}),
     "h-defines-in-check-cell.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
     "h-copies-other-solutions.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
+    "h-fills-disk-and-memory.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
 }
 
 
@@ -113,6 +114,9 @@ def test_every_row_says_why_when_something_was_not_graded(batch):
     assert "did not finish within 10 s" in slow["cases"][1]["message"]
     died = next(e for e in rows["h-kills-its-process.ipynb"]["exercises"] if e["id"] == "9.2")
     assert all("process running your code stopped" in c["message"] for c in died["cases"]), died
+    hog = rows["h-fills-disk-and-memory.ipynb"]["errors"]
+    assert any("File too large" in e for e in hog), hog  # RLIMIT_FSIZE (Python ignores SIGXFSZ)
+    assert any("MemoryError" in e for e in hog), hog  # RLIMIT_AS
     nan = rows["h-all-nan.ipynb"]["exercises"][0]["cases"][0]["message"]
     assert "NaN everywhere" in nan
 

@@ -34,6 +34,7 @@ import csv
 import dataclasses
 import hashlib
 import json
+import pickle
 import shutil
 import sys
 import tempfile
@@ -42,6 +43,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from .remote import Channel, WorkerDied, load_plain, read_frame, write_frame
 from .sandbox import Limits, hidden_paths, kill_worker, sandbox_status, start_worker
 
 __all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table", "find_flags"]
@@ -190,8 +192,6 @@ class _Session:
 
     def ready(self) -> None:
         """A live worker that has run the notebook's cells; raises TimeoutError or RuntimeError."""
-        from .remote import Channel, WorkerDied, read_frame, load_plain
-
         if self.channel is not None and not self.channel.broken and self.proc.poll() is None:
             return
         self.stop()
@@ -204,20 +204,13 @@ class _Session:
             self.proc = start_worker(self.workdir, self.limits, self.log, self.hide)
             self.channel = Channel(self.proc.stdin.fileno(), self.proc.stdout.fileno())
             todo = [(i, s) for i, s in self.cells if i not in self.skipped]
-            from .remote import _HandlePickler  # noqa: F401 - requests are pickled like any other
-            import io
-            import pickle
-
-            buf = io.BytesIO()
-            pickle.dump(("cells", todo), buf)
             current = None
             try:
-                from .remote import write_frame
-
-                write_frame(self.channel.to_worker, buf.getvalue())
+                write_frame(self.channel.to_worker, pickle.dumps(("cells", todo)))
                 while True:
-                    cell_deadline = min(self.deadline, time.monotonic() + self.limits.cell_seconds)
-                    reply = load_plain(read_frame(self.channel.from_worker, cell_deadline))
+                    # Until the first cell starts, the worker is importing torch: allow for a slow start.
+                    allowance = self.limits.cell_seconds if current is not None else max(self.limits.cell_seconds, 120)
+                    reply = load_plain(read_frame(self.channel.from_worker, min(self.deadline, time.monotonic() + allowance)))
                     if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "cell":
                         current = int(reply[1])
                         continue
@@ -230,7 +223,7 @@ class _Session:
                 if time.monotonic() > self.deadline or current is None:
                     raise
                 self.skipped[current] = f"cell {current} did not finish within {self.limits.cell_seconds:g} s; it was skipped"
-            except (WorkerDied, OSError, ValueError, RuntimeError) as err:
+            except Exception as err:  # noqa: BLE001 - the worker died or sent garbage
                 code = self.proc.poll() if self.proc else None
                 self.stop()
                 if current is None:
@@ -246,11 +239,6 @@ class _Session:
 
     def targets(self, names: tuple[str, ...]) -> list[Any]:
         return [self.channel.request(("target", n), deadline=time.monotonic() + 30) for n in names]
-
-
-def _zero(ex: Any, message: str) -> dict[str, Any]:
-    return {"id": ex.id, "title": ex.title, "earned": 0, "points": ex.points,
-            "cases": [{"name": c.name, "earned": 0, "points": c.points, "message": message} for c in ex.cases]}
 
 
 def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict[str, Any]], str, str]:

@@ -32,31 +32,37 @@ class Limits:
     processes: int = 1024  # RLIMIT_NPROC: counts every process of the user (not enforced for root)
 
 
-_BWRAP_OK: bool | None = None
+_BWRAP: dict[str, bool] | None = None  # {"works": ..., "size": whether this bwrap has --size}
 NO_SANDBOX_ENV = "COMPANION_GRADING_SANDBOX"  # "none": use the fallback even where bubblewrap works
 
 
-def _bwrap_works() -> bool:
-    global _BWRAP_OK
-    if _BWRAP_OK is None:
+def _bwrap_probe() -> dict[str, bool]:
+    global _BWRAP
+    if _BWRAP is None:
+        _BWRAP = {"works": False, "size": False}
         exe = shutil.which("bwrap")
-        _BWRAP_OK = False
-        if os.environ.get(NO_SANDBOX_ENV) == "none":
-            return False
-        if exe and sys.platform.startswith("linux"):
-            try:
-                probe = subprocess.run([exe, *_bwrap_args(Path("/tmp")), "--", "true"],
-                                       capture_output=True, timeout=20)
-                _BWRAP_OK = probe.returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                _BWRAP_OK = False
-    return _BWRAP_OK
+        if exe and sys.platform.startswith("linux") and os.environ.get(NO_SANDBOX_ENV) != "none":
+            for sized in (True, False):  # --size came with bubblewrap 0.5
+                try:
+                    probe = subprocess.run([exe, *_bwrap_args(Path("/tmp/probe"), 1 << 20 if sized else None), "--", "true"],
+                                           capture_output=True, timeout=20)
+                except (OSError, subprocess.TimeoutExpired):
+                    break
+                if probe.returncode == 0:
+                    _BWRAP = {"works": True, "size": sized}
+                    break
+    return _BWRAP
+
+
+def _bwrap_works() -> bool:
+    return _bwrap_probe()["works"]
 
 
 def sandbox_status() -> str:
     """One line for the terminal and the JSON: which isolation the workers get."""
     if _bwrap_works():
-        return "bubblewrap: read-only file system, private /tmp, no network; plus resource limits"
+        return ("bubblewrap: read-only file system, private /tmp and working folder"
+                f"{' (size-limited)' if _bwrap_probe()['size'] else ''}, no network; plus resource limits")
     why = "bwrap is not installed" if shutil.which("bwrap") is None else "bwrap cannot create namespaces here"
     if os.environ.get(NO_SANDBOX_ENV) == "none":
         why = f"{NO_SANDBOX_ENV}=none"
@@ -66,17 +72,19 @@ def sandbox_status() -> str:
             "can read and write any file this user can (install bubblewrap: apt-get install bubblewrap)")
 
 
-def _bwrap_args(workdir: Path) -> list[str]:
-    return [
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        "--bind", str(workdir), str(workdir),  # after the tmpfs: the working copy may live under /tmp
-        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--die-with-parent", "--new-session",
-        "--chdir", str(workdir),
-    ]
+def _bwrap_args(workdir: Path, tmpfs_bytes: int | None, hide: tuple[Path, ...] = ()) -> list[str]:
+    """Everything read-only; ``/tmp`` and the working folder are fresh in-memory folders (of at most
+    ``tmpfs_bytes`` each), the submission's copy is bound read-only into the latter; ``hide`` is masked."""
+    size = ["--size", str(tmpfs_bytes)] if tmpfs_bytes else []
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
+    for path in hide:
+        args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+    args += [*size, "--tmpfs", str(workdir)]  # after the masks: the working folder may live under one
+    copy = workdir / "submission.ipynb"
+    if copy.is_file():
+        args += ["--ro-bind", str(copy), str(copy)]
+    return [*args, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session", "--chdir", str(workdir)]
 
 
 def _limit(limits: Limits):
@@ -110,14 +118,11 @@ def start_worker(workdir: Path, limits: Limits, log: Path, hide: tuple[Path, ...
     """
     workdir = Path(workdir).resolve()
     python = [sys.executable, "-m", "companion.grading.worker"]
-    masks: list[str] = []
-    for path in hide:
-        masks += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-    # the masks come before the working copy's bind: it may live under a hidden folder
-    bwrap = [*_bwrap_args(workdir)]
-    at = bwrap.index("--bind")
-    bwrap[at:at] = masks
-    cmd = [shutil.which("bwrap") or "bwrap", *bwrap, "--", *python] if _bwrap_works() else python
+    if _bwrap_works():
+        tmpfs = 4 * limits.file_bytes if _bwrap_probe()["size"] else None
+        cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_args(workdir, tmpfs, hide), "--", *python]
+    else:
+        cmd = python
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV")}
     env.update(HOME=str(workdir), TMPDIR=str(workdir), MPLCONFIGDIR=str(workdir / ".matplotlib"),
                MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
