@@ -88,8 +88,9 @@ def test_hostile_submission_still_gets_a_row(tmp_path):
     r = grade_notebook(tmp_path / "hostile.ipynb", limits=Limits(cell_seconds=5, notebook_seconds=120))
     by_id = {e["id"]: e for e in r["exercises"]}
     assert by_id["2.1"]["earned"] == by_id["2.1"]["points"] - 2  # NaN on the fully masked row
-    assert by_id["2.2"]["earned"] == 0 and "not defined" in by_id["2.2"]["cases"][0]["message"]
+    assert by_id["2.2"]["earned"] == 0 and "causal_mask not defined" in by_id["2.2"]["cases"][0]["message"]
     assert by_id["2.3"]["earned"] == 0
+    assert "RuntimeError: oops (it defines split_heads)" in by_id["2.3"]["cases"][0]["message"]  # says why
     assert by_id["2.4"]["earned"] < by_id["2.4"]["points"]  # uses the undefined split_heads
     assert any("oops" in e for e in r["errors"])
     assert any("did not finish within 5 s" in e for e in r["errors"])

@@ -184,6 +184,13 @@ class _Session:
         self.channel = None
         self.starts = 0
         self.log = workdir / "worker.log"
+        self.definers: dict[str, int] = {}  # name -> index of the cell that defines it (read from the code)
+        for index, source in cells:
+            try:
+                for name in _defined_names(ast.parse(source)):
+                    self.definers.setdefault(name, index)
+            except SyntaxError:
+                continue
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -241,6 +248,19 @@ class _Session:
         return [self.channel.request(("target", n), deadline=time.monotonic() + 30) for n in names]
 
 
+def _why_missing(session: _Session, missing: list[str]) -> str:
+    """"X not defined in the notebook", with the cell that should have defined it and what happened to it."""
+    why = []
+    for name in missing:
+        cell = session.definers.get(name)
+        if cell is None:
+            continue
+        said = session.skipped.get(cell) or next((e for e in session.errors if e.startswith(f"cell {cell}:")), "")
+        if said:
+            why.append(f"{said} (it defines {name})")
+    return f"{', '.join(missing)} not defined in the notebook" + (": " + "; ".join(why) if why else "")
+
+
 def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict[str, Any]], str, str]:
     """Every case of every exercise; returns (reports, status, reason)."""
     import torch
@@ -269,7 +289,7 @@ def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict
                 continue
             missing = [n for n, s in zip(ex.targets, students) if s is None]
             if missing:
-                result.cases.append(CaseResult(case.name, case.points, 0, f"{', '.join(missing)} not defined in the notebook"))
+                result.cases.append(CaseResult(case.name, case.points, 0, _why_missing(session, missing)))
                 continue
             torch.manual_seed(0)  # as in run_exercise: the same inputs as in the student's notebook
             left = session.deadline - time.monotonic()
