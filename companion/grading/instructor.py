@@ -245,7 +245,7 @@ class _Session:
         return (": " + " | ".join(tail))[:400] if tail else ""
 
     def targets(self, names: tuple[str, ...]) -> list[Any]:
-        return [self.channel.request(("target", n), deadline=time.monotonic() + 30) for n in names]
+        return [self.channel.request(("target", n), deadline=min(self.deadline, time.monotonic() + 30)) for n in names]
 
 
 def _why_missing(session: _Session, missing: list[str]) -> str:
