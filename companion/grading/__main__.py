@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "grade":
+        if os.name == "nt":
+            parser.error("the instructor's grader needs a POSIX system (Linux, macOS); on Windows run it in WSL")
         from .instructor import Limits, format_table, grade_folder
 
         csv_path = args.csv or args.folder / "scores.csv"
