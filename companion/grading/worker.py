@@ -64,12 +64,20 @@ class Worker:
             return torch.nn.Parameter(t, requires_grad=obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else t
         if type(obj) in PLAIN_SCALARS or isinstance(obj, (torch.dtype, torch.device, torch.Size)):
             return obj
-        if type(obj) in (list, tuple):
-            return type(obj)(self.plain(v, depth + 1) for v in obj)
+        # Subclasses become their plain base (a Counter is a dict, a namedtuple a tuple, an IntEnum an int),
+        # which is what the checks look at, and all that torch.load(weights_only=True) accepts.
+        for base in (bool, int, float, complex, str, bytes):
+            if isinstance(obj, base):
+                return base(obj)
+        if isinstance(obj, (list, tuple)):
+            return (list if isinstance(obj, list) else tuple)(self.plain(v, depth + 1) for v in obj)
+        if isinstance(obj, (set, frozenset)):
+            return {self.plain(v, depth + 1) for v in obj}
         if isinstance(obj, types.GeneratorType):
             return [self.plain(v, depth + 1) for v in obj]
-        if type(obj) in (dict, OrderedDict):
-            return type(obj)((self.plain(k, depth + 1), self.plain(v, depth + 1)) for k, v in obj.items())
+        if isinstance(obj, dict):
+            kind = OrderedDict if isinstance(obj, OrderedDict) else dict
+            return kind((self.plain(k, depth + 1), self.plain(v, depth + 1)) for k, v in obj.items())
         return self.handle_of(obj)
 
     def error(self, err: BaseException) -> dict[str, Any]:

@@ -1,0 +1,106 @@
+"""The wire between the instructor's grader and a submission's worker (companion.grading.remote/worker)."""
+
+import time
+from collections import Counter, OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+from companion.grading.instructor import Limits, _Session
+from companion.grading.remote import RemoteError, RemoteObject
+
+STUDENT = '''
+import collections, enum, torch
+from torch import nn
+
+class Colour(enum.IntEnum):
+    RED = 3
+
+Pair = collections.namedtuple("Pair", "a b")
+
+def returns_subclasses():
+    return Counter_like(), Pair(1, 2), Colour.RED, {1, 2}
+
+def Counter_like():
+    return collections.Counter("abca")
+
+def adds_in_place(x):
+    x += 1
+    return x
+
+def picky(n):
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    raise SystemExit(3)
+
+class Layer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+    def forward(self, x):
+        return self.proj(x)
+
+class Pretender:
+    """Not a tensor, whatever it claims."""
+'''
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    work = tmp_path_factory.mktemp("work")
+    (work / "submission.ipynb").write_text("{}")
+    s = _Session(work, [(0, STUDENT)], Limits(cell_seconds=60), deadline=time.monotonic() + 120)
+    s.ready()
+    yield s
+    s.stop()
+
+
+def target(session, name):
+    (obj,) = session.targets((name,))
+    return obj
+
+
+def test_results_come_back_as_plain_data(session):
+    counts, pair, colour, members = target(session, "returns_subclasses")()
+    assert type(counts) is dict and counts == dict(Counter("abca"))
+    assert type(pair) is tuple and pair == (1, 2)
+    assert type(colour) is int and colour == 3
+    assert members == {1, 2}
+
+
+def test_the_worker_gets_copies(session):
+    x = torch.zeros(3)
+    out = target(session, "adds_in_place")(x)
+    assert torch.equal(out, torch.ones(3)) and torch.equal(x, torch.zeros(3))
+
+
+def test_exceptions_keep_builtin_types_but_never_stop_the_grader(session):
+    picky = target(session, "picky")
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        picky(-1)
+    with pytest.raises(RemoteError) as info:  # SystemExit in the worker is only a message here
+        picky(1)
+    assert not isinstance(info.value, SystemExit) and "SystemExit" in info.value.description
+
+
+def test_modules_stay_in_the_worker_behind_a_proxy(session):
+    layer = target(session, "Layer")(4)
+    assert isinstance(layer, RemoteObject) and isinstance(layer, nn.Module)  # claimed from its torch base class
+    assert isinstance(layer.proj, nn.Linear) and tuple(layer.proj.weight.shape) == (4, 4)
+    state = layer.state_dict()
+    assert isinstance(state, OrderedDict) and set(state) == {"proj.weight", "proj.bias"}
+    ref = nn.Linear(4, 4)
+    ref.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items()})
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), ref(x))
+
+
+def test_a_proxy_never_passes_for_a_tensor(session):
+    obj = target(session, "Pretender")()
+    assert not isinstance(obj, torch.Tensor) and type(obj).__name__ == "Pretender"
+
+
+def test_a_missing_name_is_none(session):
+    assert target(session, "nowhere") is None
