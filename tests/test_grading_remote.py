@@ -50,7 +50,10 @@ class Pretender:
 def session(tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     (work / "submission.ipynb").write_text("{}")
-    s = _Session(work, [(0, STUDENT)], Limits(cell_seconds=60), deadline=time.monotonic() + 120)
+    magics = "%matplotlib inline\n!echo hi\ndef after_magics():\n    return 1\n"
+    timed = "%%time\ndef in_timed_cell():\n    return 2\n"
+    s = _Session(work, [(0, STUDENT), (1, magics), (2, timed)], Limits(cell_seconds=60),
+                 deadline=time.monotonic() + 120)
     s.ready()
     yield s
     s.stop()
@@ -104,3 +107,9 @@ def test_a_proxy_never_passes_for_a_tensor(session):
 
 def test_a_missing_name_is_none(session):
     assert target(session, "nowhere") is None
+
+
+def test_ipython_magics_do_not_cost_the_code_around_them(session):
+    assert session.errors == []
+    assert target(session, "after_magics")() == 1
+    assert target(session, "in_timed_cell")() == 2

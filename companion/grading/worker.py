@@ -167,6 +167,23 @@ def _python_source(source: str) -> str:
     return TransformerManager().transform_cell(source)
 
 
+class _NoShell:
+    """What ``get_ipython()`` gives a submission's cells: magics and shell escapes do nothing,
+    except the cell magics that only wrap their cell (``%%time``, ``%%capture``), whose cell runs."""
+
+    RUNS_ITS_CELL = {"time", "timeit", "capture"}
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+
+    def run_cell_magic(self, name: str, line: str, cell: str) -> None:
+        if name in self.RUNS_ITS_CELL:
+            exec(compile(cell, "<cell magic>", "exec"), self.namespace)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 def main() -> None:
     # Keep the protocol away from fd 0/1: a student's print() goes to stderr.
     inp, out = os.dup(0), os.dup(1)
@@ -177,7 +194,8 @@ def main() -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     os.environ[ENV_FLAG] = "1"
     worker = Worker(inp, out)
-    worker.namespace["get_ipython"] = lambda: None
+    shell = _NoShell(worker.namespace)
+    worker.namespace["get_ipython"] = lambda: shell
     try:
         import torch  # noqa: F401 - imported before any student code, so the protocol can use it
 
