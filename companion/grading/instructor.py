@@ -345,8 +345,7 @@ def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path |
         reports, status, reason = _grade_exercises(session, exercises)
     finally:
         session.stop()
-        if own_root:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root if own_root else workdir, ignore_errors=True)
     for rep in reports:
         rep["flags"] = exercise_flags.get(rep["id"], [])
     row = _row(path, status, reason, chapter, reports)
@@ -371,7 +370,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         by_id = {e["id"]: f"{e['earned']}/{e['points']}{'*' if e.get('flags') else ''}" for e in r["exercises"]}
-        total = f"{r['earned']}/{r['points']}" if r["exercises"] else "-"
+        total = f"{r['earned']}/{r['points']}{'*' if r['flags'] else ''}" if r["exercises"] else "-"
         rows.append([r["notebook"], r["status"], *(by_id.get(i, "-") for i in ids), total])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
