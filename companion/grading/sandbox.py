@@ -69,7 +69,7 @@ def sandbox_status() -> str:
     if not sys.platform.startswith("linux"):
         why = f"no sandbox on {sys.platform}"
     return (f"WARNING: no sandbox ({why}); falling back to resource limits only: submitted code "
-            "can read and write any file this user can (install bubblewrap: apt-get install bubblewrap)")
+            "can read and write any file this user can, and use the network (install bubblewrap: apt-get install bubblewrap)")
 
 
 def _bwrap_args(workdir: Path, tmpfs_bytes: int | None, hide: tuple[Path, ...] = ()) -> list[str]:
