@@ -29,7 +29,7 @@ class Limits:
     cpu_seconds: int = 600  # CPU time of one worker process (RLIMIT_CPU)
     memory_bytes: int = 6 * 1024**3  # address space of the worker (RLIMIT_AS); torch alone maps ~1-2 GB
     file_bytes: int = 64 * 1024**2  # largest file the worker may write (RLIMIT_FSIZE)
-    processes: int = 1024  # RLIMIT_NPROC: counts every process of the user (not enforced for root)
+    processes: int = 256  # new processes and threads the worker may add to what the user already runs (RLIMIT_NPROC)
 
 
 _BWRAP: dict[str, bool] | None = None  # {"works": ..., "size": whether this bwrap has --size}
@@ -87,13 +87,31 @@ def _bwrap_args(workdir: Path, tmpfs_bytes: int | None, hide: tuple[Path, ...] =
             "--die-with-parent", "--new-session", "--chdir", str(workdir)]
 
 
+def _user_tasks() -> int:
+    """Processes and threads of this user now: RLIMIT_NPROC counts them all, not only the worker's."""
+    uid, total = os.getuid(), 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue  # the process ended meanwhile
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            total += int(fields.get("Threads", "1"))
+    return total
+
+
 def _limit(limits: Limits):
+    # Computed in the grader, before the fork; RLIMIT_NPROC only where it counts tasks per user (Linux).
+    nproc = _user_tasks() + limits.processes if sys.platform.startswith("linux") else None
+
     def apply() -> None:
         import resource
 
-        for what, value in ((resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.memory_bytes),
-                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_NPROC, limits.processes),
-                            (resource.RLIMIT_CORE, 0)):
+        caps = [(resource.RLIMIT_CPU, limits.cpu_seconds), (resource.RLIMIT_AS, limits.memory_bytes),
+                (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CORE, 0)]
+        if nproc is not None:
+            caps.append((resource.RLIMIT_NPROC, nproc))
+        for what, value in caps:
             try:
                 resource.setrlimit(what, (value, value))
             except (ValueError, OSError):
