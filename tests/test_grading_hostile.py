@@ -46,6 +46,7 @@ EXPECTED = {
     "h-defines-in-check-cell.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
     "h-copies-other-solutions.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
     "h-fills-disk-and-memory.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
+    "h-hides-its-import.ipynb": ("graded", {"2.1": 8, "2.2": 0, "2.3": 0, "2.4": 0}),
 }
 
 
@@ -130,6 +131,8 @@ def test_flags(batch):
         "uses companion.attention, which exercise 2.1 forbids", "uses companion.masks, which exercise 2.2 forbids"]
     assert rows["h-imports-reference-ch09.ipynb"]["flags"] == [
         "uses companion.tokenizers, which exercise 9.2 forbids", "uses companion.models, which exercise 9.4 forbids"]
+    assert rows["h-hides-its-import.ipynb"]["flags"] == [
+        "uses companion.attention, which exercise 2.1 forbids (an import seen at run time)"]
     assert any("check cell" in f and "split_heads" in f for f in rows["h-defines-in-check-cell.ipynb"]["flags"])
     for name in ("sol-ch02.ipynb", "sol-ch09.ipynb", "untouched-ch02.ipynb", "h-writes-outside.ipynb"):
         assert rows[name]["flags"] == [], name

@@ -140,6 +140,10 @@ def _defined_names(tree: ast.AST) -> list[str]:
     return names
 
 
+def _forbidden_hits(ex: Any, used: set[str]) -> list[str]:
+    return sorted({f for f in ex.forbidden for u in used if u == f or u.startswith(f + ".")})
+
+
 def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dict[str, list[str]]]:
     """Notebook-level flags and flags per exercise id, from the code alone (nothing is run)."""
     notebook_flags: list[str] = []
@@ -163,8 +167,7 @@ def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dic
             notebook_flags.append(f"cell {i} (a check cell) defines {', '.join(defined)}: it was run as the student's code")
     per_exercise: dict[str, list[str]] = {}
     for ex in exercises:
-        used = used_by[ex.id] | shared
-        hits = sorted({f for f in ex.forbidden for u in used if u == f or u.startswith(f + ".")})
+        hits = _forbidden_hits(ex, used_by[ex.id] | shared)
         if hits:
             per_exercise[ex.id] = [f"uses {h}, which exercise {ex.id} forbids" for h in hits]
     return notebook_flags, per_exercise
@@ -184,6 +187,8 @@ class _Session:
         self.channel = None
         self.starts = 0
         self.log = workdir / "worker.log"
+        self.cell_imports: set[str] = set()  # imported by the cells' own lines, as the worker saw it run
+        self.runtime_imports: dict[str, set[str]] = {}  # exercise id -> imported while its cases ran
         self.definers: dict[str, int] = {}  # name -> index of the cell that defines it (read from the code)
         for index, source in cells:
             try:
@@ -223,6 +228,7 @@ class _Session:
                         continue
                     if isinstance(reply, dict) and isinstance(reply.get("value"), dict):
                         self.errors = [str(e)[:300] for e in reply["value"].get("errors", [])][:50]
+                        self.cell_imports |= self.channel.imports
                         return
                     raise WorkerDied("unexpected reply while running the cells")
             except TimeoutError:
@@ -302,6 +308,9 @@ def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict
             else:
                 got = run_case(case, *students)
             result.cases.append(got)
+            if session.channel is not None:
+                session.runtime_imports.setdefault(ex.id, set()).update(session.channel.imports)
+                session.channel.imports.clear()
             if session.channel is None or session.channel.broken:
                 session.stop()  # a case timed out or the worker died: a fresh worker for the next case
         reports.append(result.as_dict())
@@ -346,8 +355,13 @@ def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path |
     finally:
         session.stop()
         shutil.rmtree(root if own_root else workdir, ignore_errors=True)
-    for rep in reports:
-        rep["flags"] = exercise_flags.get(rep["id"], [])
+    for ex, rep in zip(exercises, reports):
+        flags = exercise_flags.get(ex.id, [])
+        seen = session.runtime_imports.get(ex.id, set()) | session.cell_imports
+        for hit in _forbidden_hits(ex, seen):  # imports the code did not spell out, seen at run time
+            flag = f"uses {hit}, which exercise {ex.id} forbids"
+            flags = flags if flag in flags else [*flags, flag + " (an import seen at run time)"]
+        rep["flags"] = flags
     row = _row(path, status, reason, chapter, reports)
     row["errors"] = [*session.skipped.values(), *session.errors]
     row["flags"] = notebook_flags + [f for rep in reports for f in rep["flags"]]

@@ -122,6 +122,7 @@ class Channel:
     def __init__(self, to_worker: int, from_worker: int) -> None:
         self.to_worker, self.from_worker = to_worker, from_worker
         self.broken = False
+        self.imports: set[str] = set()  # what the student's code imported while answering (worker's report)
 
     def request(self, message: tuple, deadline: float | None = None) -> Any:
         if self.broken:
@@ -140,6 +141,9 @@ class Channel:
         if not isinstance(reply, dict):
             self.broken = True
             raise WorkerDied(f"the worker sent {type(reply).__name__} instead of a reply")
+        found = reply.get("imports")
+        if isinstance(found, list):
+            self.imports.update(str(m)[:200] for m in found[:1000])
         if "error" in reply:
             raise remote_exception(str(reply.get("type", "Exception")), str(reply["error"])[:1000])
         return self.revive(reply.get("value"))

@@ -33,6 +33,7 @@ class Worker:
     def __init__(self, inp: int, out: int) -> None:
         self.inp, self.out = inp, out
         self.objects: dict[int, Any] = {}
+        self.imports: set[str] = set()  # modules the student's own lines imported since the last reply
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
 
     # ---------------------------------------------------------- replies
@@ -109,7 +110,42 @@ class Worker:
                 exec(code, self.namespace)
             except BaseException as err:  # noqa: BLE001 - a cell that raises is recorded, the next one runs
                 errors.append(f"cell {index}: {_short(err)}")
-        return {"value": {"errors": errors}}
+        return {"value": {"errors": errors}, "imports": self.take_imports()}
+
+    def take_imports(self) -> list[str]:
+        found, self.imports = sorted(self.imports), set()
+        return found
+
+    def watch_imports(self) -> None:
+        """Record what the student's lines import, however spelled (``__import__("a" + "b")`` too).
+
+        Only imports made directly by a line of a notebook cell count, not those made by
+        torch or companion internally. The record is a flag for a person, not a proof:
+        the student's code runs here and could undo this.
+        """
+        import builtins
+        import importlib
+
+        real_import, real_import_module = builtins.__import__, importlib.import_module
+        imports = self
+
+        def from_student(depth: int) -> bool:
+            return sys._getframe(depth).f_code.co_filename.startswith("<cell")
+
+        def watched_import(name, globals=None, locals=None, fromlist=(), level=0):
+            module = real_import(name, globals, locals, fromlist, level)
+            if level == 0 and from_student(2):
+                imports.imports.add(name)
+                imports.imports.update(f"{name}.{f}" for f in fromlist or () if isinstance(f, str))
+            return module
+
+        def watched_import_module(name, package=None):
+            if from_student(2) and not name.startswith("."):
+                imports.imports.add(name)
+            return real_import_module(name, package)
+
+        builtins.__import__ = watched_import
+        importlib.import_module = watched_import_module
 
     def serve(self) -> None:
         from .remote import read_frame
@@ -145,6 +181,8 @@ class Worker:
                     reply = {"error": f"unknown request {kind!r}", "type": "RuntimeError"}
             except BaseException as err:  # noqa: BLE001 - the student's code raised: tell the grader
                 reply = self.error(err)
+            if kind != "cells":
+                reply["imports"] = self.take_imports()
             try:
                 self.send(reply)
             except Exception as err:  # noqa: BLE001 - an unpicklable value, say why
@@ -194,6 +232,7 @@ def main() -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     os.environ[ENV_FLAG] = "1"
     worker = Worker(inp, out)
+    worker.watch_imports()
     shell = _NoShell(worker.namespace)
     worker.namespace["get_ipython"] = lambda: shell
     try:
