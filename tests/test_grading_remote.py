@@ -41,6 +41,11 @@ class Layer(nn.Module):
     def forward(self, x):
         return self.proj(x)
 
+def capabilities():
+    for line in open("/proc/self/status"):
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+
 class Pretender:
     """Not a tensor, whatever it claims."""
 '''
@@ -113,3 +118,11 @@ def test_ipython_magics_do_not_cost_the_code_around_them(session):
     assert session.errors == []
     assert target(session, "after_magics")() == 1
     assert target(session, "in_timed_cell")() == 2
+
+
+def test_the_sandboxed_worker_has_no_capabilities(session):
+    from companion.grading.sandbox import sandbox_status
+
+    if not sandbox_status().startswith("bubblewrap"):
+        pytest.skip("no bubblewrap here: " + sandbox_status())
+    assert target(session, "capabilities")() == 0  # not even when the grader runs as root

@@ -83,7 +83,9 @@ def _bwrap_args(workdir: Path, tmpfs_bytes: int | None, hide: tuple[Path, ...] =
     copy = workdir / "submission.ipynb"
     if copy.is_file():
         args += ["--ro-bind", str(copy), str(copy)]
-    return [*args, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+    # Run by root, bubblewrap would leave the worker root's capabilities (mount, load modules...).
+    caps = ["--cap-drop", "ALL"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [*args, *caps, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--die-with-parent", "--new-session", "--chdir", str(workdir)]
 
 
