@@ -126,3 +126,18 @@ def test_the_sandboxed_worker_has_no_capabilities(session):
     if not sandbox_status().startswith("bubblewrap"):
         pytest.skip("no bubblewrap here: " + sandbox_status())
     assert target(session, "capabilities")() == 0  # not even when the grader runs as root
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("[" * 100_000 + "]" * 100_000, "not a readable notebook: RecursionError"),
+    ('{"cells": [1]}', "cell 0 is not a notebook cell"),
+    ('{"cells": "none"}', "no list of cells"),
+    (b"\xff\xfe", "UnicodeDecodeError"),
+])
+def test_files_that_are_not_notebooks_get_a_reason(tmp_path, content, reason):
+    from companion.grading.instructor import grade_notebook
+
+    path = tmp_path / "bad.ipynb"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    row = grade_notebook(path)
+    assert row["status"] == "invalid notebook" and reason in row["reason"], row["reason"]

@@ -50,6 +50,7 @@ __all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table
 
 STATUSES = ("graded", "timeout", "crashed", "invalid notebook", "not an exercise")
 SKIP_TAGS = {"check", "score"}
+MAX_NOTEBOOK_BYTES = 50 * 10**6
 MAX_RESTARTS = 30  # per notebook; each restart re-runs the notebook's cells
 
 
@@ -58,8 +59,11 @@ MAX_RESTARTS = 30  # per notebook; each restart re-runs the notebook's cells
 def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     """``(notebook, "")`` or ``(None, reason)``."""
     try:
+        size = path.stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            return None, f"{size / 1e6:.0f} MB: larger than any exercise notebook can be ({MAX_NOTEBOOK_BYTES / 1e6:.0f} MB)"
         nb = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         return None, f"not a readable notebook: {type(err).__name__}: {str(err)[:150]}"
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         return None, "not a Jupyter notebook: no list of cells"
