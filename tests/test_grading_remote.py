@@ -46,6 +46,24 @@ def capabilities():
         if line.startswith("CapEff:"):
             return int(line.split()[1], 16)
 
+def start_processes(n):
+    import os, signal, time
+    pids = []
+    try:
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            pids.append(pid)
+    except OSError:
+        pass  # EAGAIN: the process limit
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return len(pids)
+
 class Pretender:
     """Not a tensor, whatever it claims."""
 '''
@@ -141,3 +159,11 @@ def test_files_that_are_not_notebooks_get_a_reason(tmp_path, content, reason):
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     row = grade_notebook(path)
     assert row["status"] == "invalid notebook" and reason in row["reason"], row["reason"]
+
+
+def test_the_worker_cannot_start_processes_without_end(session):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("the kernel never applies RLIMIT_NPROC to the root user (only a cgroup could)")
+    assert target(session, "start_processes")(400) < 300  # Limits.processes = 256 beyond what the user runs
