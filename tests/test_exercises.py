@@ -32,11 +32,11 @@ def graded(tmp_path_factory):
     for path in EXERCISES:
         shutil.copy(path, folder / f"untouched-{path.name}")
     proc = subprocess.run(
-        [sys.executable, "-m", "companion.grading", "grade", str(folder), "--cell-timeout", "300"],
+        [sys.executable, "-m", "companion.grading", "grade", str(folder), "--notebook-timeout", "300"],
         capture_output=True, text=True, cwd=folder,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((folder / "scores.json").read_text())
+    results = json.loads((folder / "scores.json").read_text())["notebooks"]
     with open(folder / "scores.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     return proc.stdout, {r["notebook"]: r for r in results}, {r["notebook"]: r for r in rows}
@@ -46,7 +46,7 @@ def test_solutions_score_full_marks(graded):
     _, results, rows = graded
     for path in SOLUTIONS:
         r = results[f"solution-{path.name}"]
-        assert r["points"] > 0
+        assert r["points"] > 0 and r["status"] == "graded" and r["flags"] == []
         lost = [(e["id"], c["name"], c["message"]) for e in r["exercises"] for c in e["cases"] if c["earned"] < c["points"]]
         assert r["earned"] == r["points"], lost
         assert int(rows[f"solution-{path.name}"]["earned"]) == r["points"]
@@ -83,12 +83,15 @@ def test_hostile_submission_still_gets_a_row(tmp_path):
         elif "def split_heads" in src:
             cell["source"] = "raise RuntimeError('oops')\n" + src  # split/merge never get defined
     (tmp_path / "hostile.ipynb").write_text(json.dumps(nb))
-    from companion.grading.instructor import grade_notebook
+    from companion.grading.instructor import Limits, grade_notebook
 
-    r = grade_notebook(tmp_path / "hostile.ipynb", cell_timeout=10)
+    r = grade_notebook(tmp_path / "hostile.ipynb", limits=Limits(cell_seconds=5, notebook_seconds=120))
     by_id = {e["id"]: e for e in r["exercises"]}
     assert by_id["2.1"]["earned"] == by_id["2.1"]["points"] - 2  # NaN on the fully masked row
-    assert by_id["2.2"]["earned"] == 0 and "not defined" in by_id["2.2"]["cases"][0]["message"]
+    assert by_id["2.2"]["earned"] == 0 and "causal_mask not defined" in by_id["2.2"]["cases"][0]["message"]
     assert by_id["2.3"]["earned"] == 0
+    assert "RuntimeError: oops (it defines split_heads)" in by_id["2.3"]["cases"][0]["message"]  # says why
     assert by_id["2.4"]["earned"] < by_id["2.4"]["points"]  # uses the undefined split_heads
     assert any("oops" in e for e in r["errors"])
+    assert any("did not finish within 5 s" in e for e in r["errors"])
+    assert r["status"] == "graded"

@@ -200,3 +200,97 @@ def test_unknown_exercise_is_a_clear_error():
         get_exercise("2.99")
     with pytest.raises(ValueError, match="chapter 98 has no graded exercises"):
         get_exercise("98.1")
+
+
+# ---------------------------------------------------------------- authoring checks
+
+def test_malformed_solution_markers_are_rejected():
+    from companion.grading.authoring import strip_solutions
+
+    for bad in ("def f():\n    ## BEGIN SOLUTION\n    return 1\n    ## END SOLUTION\n",
+                "def f():\n    ### begin solution\n    return 1\n    ### END SOLUTION\n",
+                "def f():\n    #### END SOLUTION\n"):
+        with pytest.raises(ValueError, match="malformed solution marker"):
+            strip_solutions(bad)
+    with pytest.raises(ValueError, match="never closed"):
+        strip_solutions("def f():\n    ### BEGIN SOLUTION\n    return 1\n")
+
+
+def test_statement_points_must_match_the_registry():
+    import copy
+    import json
+    from pathlib import Path
+
+    from companion.grading.authoring import check_statements
+
+    sol = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ch02_attention.ipynb").read_text())
+    check_statements(sol)
+    wrong = copy.deepcopy(sol)
+    for cell in wrong["cells"]:
+        src = "".join(cell["source"])
+        if src.startswith("## Exercise 2.3"):
+            cell["source"] = src.replace("(6 points)", "(7 points)")
+    with pytest.raises(ValueError, match="2.3 says 7 points, companion/grading/ch02.py gives 6"):
+        check_statements(wrong)
+
+
+def test_exercise_notebooks_carry_nbgrader_metadata():
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "exercises").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        metas = [c["metadata"]["nbgrader"] for c in nb["cells"]]
+        assert len({m["grade_id"] for m in metas}) == len(metas), path.name  # unique ids
+        graded = [m for m in metas if m["grade"]]
+        chapter = nb["metadata"]["companion"]["chapter"]
+        from companion.grading import chapter_exercises
+
+        assert sorted(m["points"] for m in graded) == sorted(e.points for e in chapter_exercises(chapter))
+        # nbgrader's schema version 3: these keys only, these types, ids of letters, digits, - and _
+        allowed = {"grade", "grade_id", "locked", "points", "schema_version", "solution", "task"}
+        for m in metas:
+            assert {"grade", "locked", "solution", "schema_version"} <= set(m) <= allowed, m
+            assert m["schema_version"] == 3 and re.fullmatch(r"[A-Za-z0-9_-]+", m["grade_id"]), m
+            assert all(isinstance(m[k], bool) for k in ("grade", "locked", "solution", "task"))
+            assert ("points" in m) == m["grade"], m  # points exactly on graded cells
+        for cell, m in zip(nb["cells"], metas):
+            assert not (cell["cell_type"] == "markdown" and (m["grade"] or m["solution"]))  # would need both
+        assert sum(m["solution"] for m in metas) >= len(graded)
+        assert not any(m["solution"] and m["locked"] for m in metas)
+
+
+# ---------------------------------------------------------------- the student view works on copies
+
+def inplace_scaled_attention(q, k, v, mask=None):  # correct: the in-place update touches only its copy
+    q /= math.sqrt(q.shape[-1])
+    return scaled_dot_product_attention(q, k, v, mask, scale=1.0, return_weights=True)
+
+
+def zeroes_its_inputs(q, k, v, mask=None):  # computes nothing; zeroing the inputs must not fool the reference
+    for t in (q, k, v):
+        t.zero_()
+    w = torch.full(q.shape[:-1] + (k.shape[-2],), 1.0 / k.shape[-2])
+    return w @ v, w
+
+
+def test_student_code_gets_copies_of_the_inputs():
+    assert earned("2.1", inplace_scaled_attention)[0] == 8
+    assert earned("2.1", zeroes_its_inputs)[0] == 0
+
+
+def test_an_all_nan_output_says_so():
+    with pytest.raises(CheckFailed, match=r"NaN everywhere \(6 values\)"):
+        expect_tensor(torch.full((2, 3), float("nan")), torch.zeros(2, 3))
+
+
+def test_in_place_changes_are_still_caught_where_a_check_asks():
+    def mutating_top_k(logits, k):
+        logits[..., 0] = -1e9
+        return logits
+
+    res = run_exercise(get_exercise("10.1"), mutating_top_k)
+    last = res.cases[-1]
+    assert last.name == "does not modify its input" and last.earned == 0 and "in place" in last.message

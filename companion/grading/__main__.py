@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("folder", type=Path)
     g.add_argument("--csv", type=Path, default=None, help="write scores as CSV (default: FOLDER/scores.csv)")
     g.add_argument("--json", type=Path, default=None, help="write full results as JSON (default: FOLDER/scores.json)")
-    g.add_argument("--cell-timeout", type=int, default=120, help="seconds a cell may run (default 120)")
+    g.add_argument("--notebook-timeout", type=float, default=300, help="wall-clock seconds per notebook (default 300)")
+    g.add_argument("--cell-timeout", type=float, default=60, help="seconds one code cell of a submission may run (default 60)")
+    g.add_argument("--memory-gb", type=float, default=6, help="address-space limit of a submission's process (default 6)")
 
     m = sub.add_parser("make-exercises", help="generate student notebooks from solution notebooks")
     m.add_argument("--solutions", type=Path, default=Path("solutions"))
@@ -24,11 +27,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "grade":
-        from .instructor import format_table, grade_folder
+        if os.name == "nt":
+            parser.error("the instructor's grader needs a POSIX system (Linux, macOS); on Windows run it in WSL")
+        from .instructor import Limits, format_table, grade_folder
 
         csv_path = args.csv or args.folder / "scores.csv"
         json_path = args.json or args.folder / "scores.json"
-        results = grade_folder(args.folder, csv_path=csv_path, json_path=json_path, cell_timeout=args.cell_timeout)
+        limits = Limits(notebook_seconds=args.notebook_timeout, cell_seconds=args.cell_timeout,
+                        cpu_seconds=int(args.notebook_timeout) + 60, memory_bytes=int(args.memory_gb * 1024**3))
+        results = grade_folder(args.folder, csv_path=csv_path, json_path=json_path, limits=limits)
         print(format_table(results))
         print(f"\nwrote {csv_path} and {json_path}")
         return 0

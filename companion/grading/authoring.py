@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,12 @@ __all__ = ["strip_solutions", "make_exercise_notebook", "write_notebook", "noteb
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("replace this line with your code")'
+# Anything that looks like a marker but is not exactly one (``## BEGIN SOLUTION``,
+# ``### begin solution``, ``#### END SOLUTION``) would leak the solution: rejected.
+MARKER_LIKE = re.compile(r"^\s*#+\s*(BEGIN|END)\s+SOLUTION\b", re.IGNORECASE)
+STATEMENT = re.compile(r"^#+\s*Exercise\s+(\d+\.\d+)\b.*\((\d+)\s+points?\)", re.MULTILINE)
+CHECK_CALL = re.compile(r"""check\(\s*["'](\d+\.\d+)["']""")
+NBGRADER_SCHEMA = 3
 
 
 def _source(cell: dict[str, Any]) -> str:
@@ -42,6 +49,8 @@ def strip_solutions(code: str, where: str = "cell") -> str:
     inside = False
     for lineno, line in enumerate(code.split("\n"), 1):
         stripped = line.strip()
+        if MARKER_LIKE.match(line) and stripped not in (BEGIN, END):
+            raise ValueError(f"{where}, line {lineno}: malformed solution marker {stripped!r}; write {BEGIN!r} or {END!r}")
         if stripped == BEGIN:
             if inside:
                 raise ValueError(f"{where}, line {lineno}: nested {BEGIN}")
@@ -75,8 +84,57 @@ def make_exercise_notebook(solution: dict[str, Any], source_name: str = "solutio
         cell["execution_count"] = None
     if n_regions == 0:
         raise ValueError(f"{source_name} has no {BEGIN} region: nothing for the student to do")
+    _add_nbgrader_metadata(nb, source_name)
     nb.setdefault("metadata", {}).setdefault("companion", {})["generated_from"] = source_name
     return nb
+
+
+def _add_nbgrader_metadata(nb: dict[str, Any], source_name: str) -> None:
+    """nbgrader's cell metadata: solution cells, graded check cells (with points), the rest locked.
+
+    Lets a course that uses nbgrader take the exercise notebooks as they are
+    (its ``enforce_metadata``): the points of a check cell are the registry's.
+    """
+    from .core import get_exercise
+
+    for i, cell in enumerate(nb["cells"]):
+        src = _source(cell)
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        meta = {"grade": False, "grade_id": f"cell-{i}", "locked": True, "schema_version": NBGRADER_SCHEMA,
+                "solution": False, "task": False}
+        if cell["cell_type"] == "code" and "# YOUR CODE HERE" in src:
+            meta.update(locked=False, solution=True)
+        elif cell["cell_type"] == "code" and "check" in tags:
+            found = CHECK_CALL.search(src)
+            if not found:
+                raise ValueError(f"{source_name}, cell {i}: a check cell must call check(\"N.k\", ...)")
+            ex_id = found.group(1)
+            meta.update(grade=True, grade_id=f"check-{ex_id.replace('.', '-')}", points=get_exercise(ex_id).points)
+        cell.setdefault("metadata", {})["nbgrader"] = meta
+
+
+def check_statements(solution: dict[str, Any], source_name: str = "solution") -> None:
+    """Every exercise of the chapter has a statement whose "(N points)" equals the registry's total."""
+    from .core import chapter_exercises
+
+    chapter = solution.get("metadata", {}).get("companion", {}).get("chapter")
+    if not isinstance(chapter, int):
+        raise ValueError(f"{source_name} has no metadata companion.chapter")
+    stated: dict[str, int] = {}
+    for cell in solution["cells"]:
+        if cell["cell_type"] == "markdown":
+            for ex_id, points in STATEMENT.findall(_source(cell)):
+                stated[ex_id] = int(points)
+    problems = []
+    for ex in chapter_exercises(chapter):
+        if ex.id not in stated:
+            problems.append(f"no statement '## Exercise {ex.id}: ... ({ex.points} points)'")
+        elif stated[ex.id] != ex.points:
+            problems.append(f"the statement of {ex.id} says {stated[ex.id]} points, companion/grading/ch{chapter:02d}.py gives {ex.points}")
+    extra = sorted(set(stated) - {ex.id for ex in chapter_exercises(chapter)})
+    problems += [f"a statement for {i}, which is not registered" for i in extra]
+    if problems:
+        raise ValueError(f"{source_name}: " + "; ".join(problems))
 
 
 def notebook_text(nb: dict[str, Any]) -> str:
@@ -106,6 +164,7 @@ def sync_exercises(solutions: Path, exercises: Path, *, check: bool = False) -> 
         names.add(sol_path.name)
         solution = json.loads(sol_path.read_text(encoding="utf-8"))
         rel = f"{solutions.name}/{sol_path.name}"
+        check_statements(solution, rel)
         text = notebook_text(make_exercise_notebook(solution, source_name=rel))
         target = exercises / sol_path.name
         if not target.exists() or target.read_text(encoding="utf-8") != text:

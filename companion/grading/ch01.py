@@ -51,6 +51,7 @@ register(Exercise(
     id="1.1",
     title="Maximum path length",
     targets=("max_path_length",),
+    forbidden=("companion.recurrence",),  # the reference itself
     cases=(
         Case("self-attention: one layer connects every pair", 1, _path_attention),
         Case("recurrent: one cell application per position", 1, _path_recurrent),
@@ -111,6 +112,7 @@ register(Exercise(
     id="1.2",
     title="An RNN, one step at a time",
     targets=("rnn_forward",),
+    forbidden=("companion.recurrence",),  # the reference itself
     cases=(
         Case("matches nn.RNN with an initial state", 2, _rnn_random),
         Case("h0=None starts from zeros", 1, _rnn_zero_state),
@@ -151,6 +153,7 @@ register(Exercise(
     id="1.3",
     title="Counting FLOPs: RNN, LSTM and self-attention",
     targets=("layer_flops",),
+    forbidden=("companion.recurrence",),  # the reference itself
     cases=(
         Case("recurrent (Elman) layer", 1, _flops_rnn),
         Case("LSTM layer", 1, _flops_lstm),

@@ -81,6 +81,7 @@ register(Exercise(
     id="2.1",
     title="Scaled dot-product attention with a mask",
     targets=("masked_attention",),
+    forbidden=("companion.attention", "torch.nn.functional.scaled_dot_product_attention"),  # the reference itself
     cases=(
         Case("random q, k, v (B=2, H=3, T=5, S=7)", 2, _attn_random),
         Case("scales the scores by 1/sqrt(d_k)", 1, _attn_scale),
@@ -124,6 +125,7 @@ register(Exercise(
     id="2.2",
     title="A causal mask",
     targets=("causal_mask",),
+    forbidden=("companion.masks",),  # the reference itself
     cases=(
         Case("square masks (T = S = 1, 4, 9)", 2, _causal_square),
         Case("more keys than queries: aligned bottom-right", 2, _causal_rectangular),
@@ -158,6 +160,7 @@ register(Exercise(
     id="2.3",
     title="Splitting and merging heads",
     targets=("split_heads", "merge_heads"),
+    forbidden=("companion.attention",),  # the reference itself
     cases=(
         Case("split_heads: values on random input", 2, _split_values),
         Case("split_heads: one position, one feature per head", 1, _split_odd),
@@ -235,6 +238,7 @@ register(Exercise(
     id="2.4",
     title="A multi-head self-attention module",
     targets=("MultiHeadSelfAttention",),
+    forbidden=("companion.attention", "companion.models"),  # the reference itself
     cases=(
         Case("has a fused qkv projection and an output projection", 1, _mha_layout),
         Case("matches the reference given the same weights", 3, _mha_matches),

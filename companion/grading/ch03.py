@@ -57,6 +57,7 @@ register(Exercise(
     id="3.1",
     title="The sinusoidal encoding",
     targets=("sinusoidal_encoding",),
+    forbidden=("companion.positional",),  # the reference itself
     cases=(
         Case("values for 7 positions, D = 10", 2, _sin_small),
         Case("sin at even features, cos at odd features", 1, _sin_layout),
@@ -101,6 +102,7 @@ register(Exercise(
     id="3.2",
     title="T5's relative position buckets",
     targets=("t5_bucket",),
+    forbidden=("companion.positional",),  # the reference itself
     cases=(
         Case("small distances get one bucket each", 1, _bucket_small_exact),
         Case("bidirectional (encoder), T = 7, S = 301", 2, _bucket_encoder),
@@ -156,6 +158,7 @@ register(Exercise(
     id="3.3",
     title="Rotary position embedding (half layout)",
     targets=("rope",),
+    forbidden=("companion.positional",),  # the reference itself
     cases=(
         Case("random queries (B=2, H=3, T=7, Dh=12)", 2, _rope_values),
         Case("arbitrary positions", 1, _rope_positions),
@@ -190,6 +193,7 @@ register(Exercise(
     id="3.4",
     title="ALiBi slopes",
     targets=("alibi_slopes",),
+    forbidden=("companion.positional",),  # the reference itself
     cases=(
         Case("8 heads: 1/2, 1/4, ..., 1/256", 1, _slopes_eight),
         Case("other powers of two (1, 2, 4, 16, 32)", 2, _slopes_powers),

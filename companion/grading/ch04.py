@@ -19,6 +19,7 @@ from ..models.transformer import (
     greedy_decode,
     shift_right,
 )
+from .remote import run_student
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 # ----------------------------------------------------------------- 4.1 shift right
@@ -49,15 +50,21 @@ def _shift_length_one_and_inplace(student):
     tgt = torch.tensor([[4], [9]])
     expect_tensor(student(tgt, 1, 0), torch.tensor([[1], [1]]), name="shift_right of a length-1 target")
     tgt = torch.randint(3, 13, (2, 6))
-    before = tgt.clone()
-    student(tgt, 1, 0)
-    expect_true(torch.equal(tgt, before), "shift_right changed its input tensor in place; return a new tensor")
+    after = run_student(_input_after_call, student, tgt.clone(), 1, 0)
+    expect_true(torch.equal(after, tgt), "shift_right changed its input tensor in place; return a new tensor")
+
+
+def _input_after_call(student, x, *args):
+    """Run where the student's function lives: its first argument after the call (the grader passes copies)."""
+    student(x, *args)
+    return x
 
 
 register(Exercise(
     id="4.1",
     title="Shift right for teacher forcing",
     targets=("shift_right",),
+    forbidden=("companion.models.transformer",),  # the reference itself
     cases=(
         Case("random targets (B=3, T=7)", 2, _shift_random),
         Case("right-padded targets with EOS", 1, _shift_padded),
@@ -105,6 +112,7 @@ register(Exercise(
     id="4.2",
     title="The decoder's combined mask",
     targets=("decoder_self_mask",),
+    forbidden=("companion.models.transformer",),  # the reference itself
     cases=(
         Case("no padding: the causal mask, shape (B, 1, T, T)", 2, _mask_no_padding),
         Case("right padding of different lengths", 2, _mask_padding),
@@ -177,6 +185,7 @@ register(Exercise(
     id="4.3",
     title="A post-LN encoder layer",
     targets=("PostLNEncoderLayer",),
+    forbidden=("companion.blocks.TransformerBlock", "companion.models.transformer"),  # the reference itself
     cases=(
         Case("matches nn.TransformerEncoderLayer (post-LN) with the same weights", 3, _layer_matches_torch),
         Case("passes the mask to self-attention (padding)", 2, _layer_with_padding),
@@ -270,6 +279,7 @@ register(Exercise(
     id="4.4",
     title="Greedy decoding",
     targets=("greedy_decode",),
+    forbidden=("companion.models.transformer", "companion.generation"),  # the reference itself
     cases=(
         Case("feeds its own predictions back (scripted model)", 3, _greedy_scripted),
         Case("pads after EOS and stops when every sequence is done", 2, _greedy_padded_stop),

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..blocks import layer_norm, residual
 from ..training import TrainConfig, lr_at
+from .remote import run_student
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 # ----------------------------------------------------------------- 5.1 LayerNorm
@@ -54,6 +55,7 @@ register(Exercise(
     id="5.1",
     title="LayerNorm by hand",
     targets=("layer_norm",),
+    forbidden=("companion.blocks", "torch.nn.functional.layer_norm"),  # the reference itself
     cases=(
         Case("random input, weight and bias (D=13)", 2, _ln_random),
         Case("biased variance (divide by D)", 1, _ln_biased_variance),
@@ -75,6 +77,12 @@ def _build_rms(cls, d, eps=None):
     return norm
 
 
+def _set_weight(norm, weight):
+    """Run where the student's module lives (a proxy's attribute is a copy)."""
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+
+
 def _reference_rms(norm, d, eps):
     ref = nn.RMSNorm(d, eps=eps)
     with torch.no_grad():
@@ -89,8 +97,7 @@ def _rms_init(cls):
 
 def _rms_random(cls):
     norm = _build_rms(cls, 13)
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(13))
+    run_student(_set_weight, norm, torch.randn(13))
     x = torch.randn(2, 7, 13) * 3 + 0.5
     expect_tensor(norm(x), _reference_rms(norm, 13, 1e-6)(x), name="output vs nn.RMSNorm(13, eps=1e-6) with the same weight")
 
@@ -116,18 +123,27 @@ def _rms_grad(cls):
     ref = _reference_rms(norm, 9, 1e-6)
     x = torch.randn(2, 5, 9)
     g = torch.randn(2, 5, 9)
+    tracked, grad = run_student(_weight_grad, norm, x, g)
+    if not tracked:
+        raise CheckFailed("the output does not depend on weight through autograd (did you use .data or no_grad?)")
+    (ref(x) * g).sum().backward()
+    expect_tensor(grad, ref.weight.grad, name="gradient of weight")
+
+
+def _weight_grad(norm, x, g):
+    """Run where the student's module lives: (does the output track gradients?, d(out . g)/d weight)."""
     out = norm(x)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        raise CheckFailed("the output does not depend on weight through autograd (did you use .data or no_grad?)")
+        return False, None
     (out * g).sum().backward()
-    (ref(x) * g).sum().backward()
-    expect_tensor(norm.weight.grad, ref.weight.grad, name="gradient of weight")
+    return True, norm.weight.grad
 
 
 register(Exercise(
     id="5.2",
     title="An RMSNorm module",
     targets=("RMSNorm",),
+    forbidden=("companion.blocks", "torch.nn.RMSNorm"),  # the reference itself
     cases=(
         Case("weight is a Parameter of ones", 1, _rms_init),
         Case("equals nn.RMSNorm with the same weight (D=13)", 2, _rms_random),
@@ -179,15 +195,21 @@ def _res_jacobian(student):
     torch.manual_seed(3)
     lin, ln = _sub_and_norm(5)
     x = torch.randn(5)
-    jac = torch.autograd.functional.jacobian
-    got = jac(lambda v: student(v, lin, ln, True), x)
-    expect_tensor(got, torch.eye(5) + jac(lambda v: lin(ln(v)), x), name="pre-LN Jacobian (I + d f(LN(x))/dx)")
+    got = run_student(_pre_ln_jacobian, student, x, lin, ln)
+    want = torch.eye(5) + torch.autograd.functional.jacobian(lambda v: lin(ln(v)), x)
+    expect_tensor(got, want, name="pre-LN Jacobian (I + d f(LN(x))/dx)")
+
+
+def _pre_ln_jacobian(student, x, lin, ln):
+    """Run where the student's function lives: its Jacobian at x (autograd cannot cross processes)."""
+    return torch.autograd.functional.jacobian(lambda v: student(v, lin, ln, True), x)
 
 
 register(Exercise(
     id="5.3",
     title="The pre-LN and post-LN residual sublayer",
     targets=("residual_sublayer",),
+    forbidden=("companion.blocks",),  # the reference itself
     cases=(
         Case("pre-LN on random input", 2, _res_pre),
         Case("post-LN on random input", 2, _res_post),
@@ -241,6 +263,7 @@ register(Exercise(
     id="5.4",
     title="Linear warm-up then cosine decay",
     targets=("warmup_cosine_lr",),
+    forbidden=("companion.training",),  # the reference itself
     cases=(
         Case("linear warm-up from peak/warmup to peak", 2, _lr_warmup),
         Case("cosine decay after warm-up", 2, _lr_cosine),

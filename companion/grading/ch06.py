@@ -53,6 +53,7 @@ register(Exercise(
     id="6.1",
     title="A prefix-LM mask",
     targets=("prefix_lm_mask",),
+    forbidden=("companion.masks",),  # the reference itself
     cases=(
         Case("values for several prefixes and lengths", 2, _prefix_values),
         Case("prefix 0 is causal, prefix T is bidirectional", 1, _prefix_edges),
@@ -92,6 +93,7 @@ register(Exercise(
     id="6.2",
     title="Padding and causal masks combined",
     targets=("padding_causal_mask",),
+    forbidden=("companion.masks",),  # the reference itself
     cases=(
         Case("values on a batch with different amounts of padding", 2, _pc_values),
         Case("accepts a boolean attention_mask", 1, _pc_bool_input),
@@ -124,6 +126,7 @@ register(Exercise(
     id="6.3",
     title="A cross-attention mask",
     targets=("cross_attention_mask",),
+    forbidden=("companion.masks",),  # the reference itself
     cases=(
         Case("values with encoder padding (T=5, S=13)", 2, _cross_values),
         Case("a single decoder position", 1, _cross_one_query),
@@ -166,6 +169,7 @@ register(Exercise(
     id="6.4",
     title="Which positions can influence position i",
     targets=("influencing_positions",),
+    forbidden=("companion.masks",),  # the reference itself
     cases=(
         Case("one layer: causal and prefix-LM masks", 2, _infl_one_layer),
         Case("several layers widen a sliding window", 2, _infl_depth),

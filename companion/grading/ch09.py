@@ -74,6 +74,7 @@ register(Exercise(
     id="9.1",
     title="Causal self-attention with a fused qkv projection",
     targets=("causal_self_attention",),
+    forbidden=("companion.models", "companion.attention"),  # the reference itself
     cases=(
         Case("random input (B=2, T=7, D=24, H=3)", 3, _attn_random),
         Case("five heads of size 4, T=13", 2, _attn_heads),
@@ -134,6 +135,7 @@ register(Exercise(
     id="9.2",
     title="One step of BPE training",
     targets=("bpe_step",),
+    forbidden=("companion.tokenizers",),  # the reference itself
     cases=(
         Case("Sennrich et al.'s low/lower/newest/widest", 2, _bpe_by_hand),
         Case("random words", 2, _bpe_random),
@@ -162,6 +164,7 @@ register(Exercise(
     id="9.3",
     title="Load a GPT-2 Conv1D weight into nn.Linear",
     targets=("linear_from_conv1d",),
+    forbidden=("companion.models",),  # the reference itself
     cases=(
         Case("c_attn-like: 8 -> 24", 2, lambda s: _conv_case(s, 8, 24, 0)),
         Case("c_proj-like: 24 -> 8", 2, lambda s: _conv_case(s, 24, 8, 1)),
@@ -186,6 +189,7 @@ register(Exercise(
     id="9.4",
     title="Count a GPT's parameters in closed form",
     targets=("gpt_param_count",),
+    forbidden=("companion.models",),  # the reference itself
     cases=(
         Case("a small GPT-2 style config", 2, lambda s: _count_case(s, _SMALL)),
         Case("d_ff different from 4 * d_model", 1, lambda s: _count_case(s, dataclasses.replace(_SMALL, d_ff=50))),

@@ -12,6 +12,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..generation import beam_search_step, top_k_filter, top_p_filter
 from ..masks import causal_mask
+from .remote import run_student
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 
@@ -46,15 +47,21 @@ def _topk_batch_dims(student):
 
 def _topk_no_mutation(student):
     logits = _logits(3, 9, seed=3)
-    before = logits.clone()
-    student(logits, 2)
-    expect_true(torch.equal(logits, before), "top_k_filter changed its input in place; return a new tensor")
+    after = run_student(_input_after_call, student, logits.clone(), 2)
+    expect_true(torch.equal(after, logits), "top_k_filter changed its input in place; return a new tensor")
+
+
+def _input_after_call(student, x, *args):
+    """Run where the student's function lives: its first argument after the call (the grader passes copies)."""
+    student(x, *args)
+    return x
 
 
 register(Exercise(
     id="10.1",
     title="Top-k filtering",
     targets=("top_k_filter",),
+    forbidden=("companion.generation",),  # the reference itself
     cases=(
         Case("random logits (B=4, V=13), k = 1, 3, 7", 3, _topk_random),
         Case("k >= V keeps every token", 1, _topk_large_k),
@@ -106,6 +113,7 @@ register(Exercise(
     id="10.2",
     title="Top-p (nucleus) filtering",
     targets=("top_p_filter",),
+    forbidden=("companion.generation",),  # the reference itself
     cases=(
         Case("random logits (B=5, V=17), p = 0.3, 0.6, 0.9", 3, _topp_random),
         Case("tiny p keeps only the most probable token", 1, _topp_small),
@@ -141,6 +149,7 @@ register(Exercise(
     id="10.3",
     title="One step of beam search",
     targets=("beam_step",),
+    forbidden=("companion.generation",),  # the reference itself
     cases=(
         Case("K=3 beams, V=11, keep 6", 3, lambda s: _beam_case(s, 3, 11, 6, seed=8)),
         Case("first step: only beam 0 is live", 2, lambda s: _beam_case(s, 4, 9, 8, seed=9, first=True)),
@@ -210,6 +219,7 @@ register(Exercise(
     id="10.4",
     title="Attention with a KV cache",
     targets=("attend_with_cache",),
+    forbidden=("companion.kv_cache", "companion.attention", "companion.generation"),  # the reference itself
     cases=(
         Case("empty cache: a causal prompt", 2, _cache_empty),
         Case("one new token after 12 cached", 2, _cache_one_token),

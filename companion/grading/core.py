@@ -12,6 +12,7 @@ Design rules (they are tested):
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import signal
 import sys
@@ -37,6 +38,7 @@ __all__ = [
     "time_limit",
     "expect_tensor",
     "expect_true",
+    "unwrap_student",
 ]
 
 
@@ -69,10 +71,15 @@ class Exercise:
     title: str
     targets: tuple[str, ...]  # names defined in the notebook, passed to each case in this order
     cases: tuple[Case, ...]
+    # Modules (``companion.attention``) or dotted names (``companion.models.gpt.gpt_param_formula``)
+    # that solve the exercise for the student: the instructor's grader flags their import.
+    forbidden: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
             raise TypeError("targets must be a tuple of names, e.g. ('causal_mask',)")
+        if isinstance(self.forbidden, str):
+            raise TypeError("forbidden must be a tuple of names, e.g. ('companion.masks',)")
 
     @property
     def points(self) -> int:
@@ -205,7 +212,7 @@ def _describe_exception(err: BaseException) -> str:
     frames = traceback.extract_tb(err.__traceback__)
     where = ""
     for fr in reversed(frames):  # the innermost frame in the student's notebook
-        if fr.filename.startswith("<ipython-input") or "ipykernel" in fr.filename or fr.filename.startswith("/tmp/ipykernel"):
+        if fr.filename.startswith(("<ipython-input", "<cell ")) or "ipykernel" in fr.filename or fr.filename.startswith("/tmp/ipykernel"):
             where = f" (line {fr.lineno}: {fr.line.strip() if fr.line else ''})"
             break
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -214,6 +221,8 @@ def _describe_exception(err: BaseException) -> str:
 
 def run_case(case: Case, *students: Any) -> CaseResult:
     """Run one case; every failure of the student's code becomes a message, never an exception."""
+    from .remote import RemoteError, WorkerDied
+
     try:
         with time_limit(case.timeout):
             case.run(*students)
@@ -223,6 +232,10 @@ def run_case(case: Case, *students: Any) -> CaseResult:
         return CaseResult(case.name, case.points, 0, f"did not finish within {case.timeout:g} s (an endless loop?)")
     except KeyboardInterrupt:
         raise
+    except RemoteError as err:  # raised by the student's code in the grader's worker
+        return CaseResult(case.name, case.points, 0, err.description)
+    except WorkerDied as err:
+        return CaseResult(case.name, case.points, 0, f"the process running your code stopped ({err})")
     except BaseException as err:  # noqa: BLE001 - SystemExit from student code too
         return CaseResult(case.name, case.points, 0, _describe_exception(err))
     return CaseResult(case.name, case.points, case.points)
@@ -235,11 +248,46 @@ def run_exercise(exercise: Exercise, *students: Any) -> ExerciseResult:
             f"exercise {exercise.id} checks {len(exercise.targets)} object(s) "
             f"({', '.join(exercise.targets)}), got {len(students)}"
         )
+    from .remote import is_remote
+
+    # The student's code gets copies of the inputs, so an in-place update
+    # cannot change the tensors the reference is computed from.
+    students = tuple(s if is_remote(s) else _OnCopies(s) for s in students)
     result = ExerciseResult(exercise)
     for case in exercise.cases:
         torch.manual_seed(0)  # each case sees the same random inputs on every run
         result.cases.append(run_case(case, *students))
     return result
+
+
+def _copy_arg(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()  # keeps autograd: a Jacobian through the student's function still works
+    if type(x) in (list, tuple):
+        return type(x)(_copy_arg(v) for v in x)
+    if type(x) is dict:
+        return {k: _copy_arg(v) for k, v in x.items()}
+    if isinstance(x, torch.nn.Module):
+        return copy.deepcopy(x)
+    return x
+
+
+class _OnCopies:
+    """Calls the student's function or class with copies of the arguments (the object is unchanged)."""
+
+    def __init__(self, student: Any) -> None:
+        self.student = student
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.student(*(_copy_arg(a) for a in args), **{k: _copy_arg(v) for k, v in kwargs.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.student, name)
+
+
+def unwrap_student(obj: Any) -> Any:
+    """The student's own object behind the copying wrapper of :func:`run_exercise`."""
+    return obj.student if isinstance(obj, _OnCopies) else obj
 
 
 # ---------------------------------------------------------------- comparisons
@@ -268,6 +316,9 @@ def expect_tensor(
         raise CheckFailed(f"{name} should have dtype {want.dtype}, got {got.dtype}")
     got_d, want_d = got.detach().to(torch.float64), want.detach().to(torch.float64)
     bad_got = ~torch.isfinite(got_d) & torch.isfinite(want_d)
+    if got_d.numel() and torch.isnan(got_d).all() and not torch.isnan(want_d).all():
+        raise CheckFailed(f"{name} is NaN everywhere ({got_d.numel()} values): look for a division by zero "
+                          "or a softmax of a row that is all -inf")
     if bad_got.any():
         n_nan = int(torch.isnan(got_d).sum())
         idx = tuple(int(i) for i in bad_got.nonzero()[0])

@@ -1,121 +1,482 @@
 """Grade a folder of submitted exercise notebooks with one command.
 
-    python -m companion.grading grade submissions/ --csv scores.csv --json scores.json
+    python -m companion.grading grade submissions/ [--csv scores.csv] [--json scores.json]
 
-Each notebook is executed in a fresh kernel **without** its check cells
-(cells tagged ``check`` or ``score``); a final cell then runs the official
-checks on the functions the student defined. A notebook that raises, loops or
-crashes its kernel still gets a row: the exercises it could not reach score 0.
-Needs ``nbclient``, ``nbformat`` and ``ipykernel`` (``pip install companion[grading]``).
+The grader does not trust the submissions. For each notebook:
+
+1. it reads the file; a file that is not a notebook, or not one of the
+   course's exercise notebooks, gets a row with status ``invalid notebook``
+   or ``not an exercise``;
+2. it copies the notebook into a fresh temporary folder and starts a worker
+   process there (:mod:`.worker`, in the sandbox of :mod:`.sandbox`), which
+   runs the notebook's code cells; ``check()`` and ``score()`` do nothing in
+   the worker;
+3. it runs every case of every exercise **in the grader's process**: inputs
+   and reference answers are built here, the student's function or class is
+   reached through a proxy (:mod:`.remote`) that sends copies of the inputs
+   to the worker and gets back only the outputs, which are compared here;
+4. a case that loops, or a worker that dies, costs that case: the worker is
+   killed (``SIGKILL`` to its process group) and started again, re-running
+   the notebook's cells, for the next case; a cell that hangs is skipped on
+   the restart; a notebook over its wall-clock limit is stopped and gets the
+   status ``timeout``, keeping the cases graded so far.
+
+Each row has a status (:data:`STATUSES`), the points per exercise, flags
+(imports of modules the exercise forbids, code defined in check cells) and,
+whenever something could not be graded, the reason. The CSV and JSON are
+rewritten after every notebook, so they exist even if the batch is stopped.
 """
 
 from __future__ import annotations
 
+import ast
 import csv
+import dataclasses
+import hashlib
 import json
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["grade_notebook", "grade_folder", "format_table"]
+from .remote import Channel, WorkerDied, load_plain, read_frame, write_frame
+from .sandbox import Limits, hidden_paths, kill_worker, sandbox_status, start_worker
 
-MARKER = "@@companion-grade@@"
+__all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table", "find_flags"]
+
+STATUSES = ("graded", "timeout", "crashed", "invalid notebook", "not an exercise")
 SKIP_TAGS = {"check", "score"}
+MAX_NOTEBOOK_BYTES = 50 * 10**6
+MAX_RESTARTS = 30  # per notebook; each restart re-runs the notebook's cells
 
 
-def _chapter(nb: dict[str, Any], path: Path) -> int:
-    chapter = nb.get("metadata", {}).get("companion", {}).get("chapter")
-    if not isinstance(chapter, int):
-        raise ValueError(f"{path} has no metadata companion.chapter: is it one of the course's exercise notebooks?")
-    return chapter
+# ------------------------------------------------------------------ reading a submission
+
+def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """``(notebook, "")`` or ``(None, reason)``."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            return None, f"{size / 1e6:.0f} MB: larger than any exercise notebook can be ({MAX_NOTEBOOK_BYTES / 1e6:.0f} MB)"
+        nb = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        return None, f"not a readable notebook: {type(err).__name__}: {str(err)[:150]}"
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return None, "not a Jupyter notebook: no list of cells"
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            return None, f"cell {i} is not a notebook cell"
+    return nb, ""
 
 
-def _zero_report(chapter: int, message: str) -> list[dict[str, Any]]:
+def _source(cell: dict[str, Any]) -> str:
+    src = cell.get("source", "")
+    return "".join(str(s) for s in src) if isinstance(src, list) else str(src)
+
+
+def _tags(cell: dict[str, Any]) -> set[str]:
+    meta = cell.get("metadata")
+    tags = meta.get("tags", []) if isinstance(meta, dict) else []
+    return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
+
+
+def _chapter(nb: dict[str, Any]) -> tuple[int | None, str]:
+    meta = nb.get("metadata")
+    companion = meta.get("companion") if isinstance(meta, dict) else None
+    chapter = companion.get("chapter") if isinstance(companion, dict) else None
+    if not isinstance(chapter, int) or isinstance(chapter, bool):
+        return None, "no metadata companion.chapter: not one of the course's exercise notebooks"
     from .core import chapter_exercises
 
-    return [
-        {"id": ex.id, "title": ex.title, "earned": 0, "points": ex.points,
-         "cases": [{"name": "notebook", "earned": 0, "points": ex.points, "message": message}]}
-        for ex in chapter_exercises(chapter)
-    ]
-
-
-def grade_notebook(path: Path, *, cell_timeout: int = 120, kernel_name: str = "python3") -> dict[str, Any]:
-    """Execute one submission and return ``{"notebook", "chapter", "exercises": [...], "earned", "points", "errors"}``."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    chapter = _chapter(nb, path)
-    kept = [c for c in nb.cells if not (SKIP_TAGS & set(c.get("metadata", {}).get("tags", [])))]
-    grading_cell = nbformat.v4.new_code_cell(
-        "import json as _json\n"
-        "from companion.grading import grade_namespace as _grade_namespace\n"
-        f"print({MARKER!r} + _json.dumps(_grade_namespace({chapter}, globals())))"
-    )
-    nb.cells = kept + [grading_cell]
-    client = NotebookClient(
-        nb, timeout=cell_timeout, kernel_name=kernel_name, allow_errors=True,
-        interrupt_on_timeout=True, resources={"metadata": {"path": str(path.parent)}},
-    )
-    errors: list[str] = []
     try:
-        client.execute()
-    except (CellTimeoutError, DeadKernelError, RuntimeError) as err:
-        errors.append(f"execution stopped: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-    for cell in kept:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                errors.append(f"{out.get('ename')}: {out.get('evalue')}"[:200])
-    report = None
-    for out in nb.cells[-1].get("outputs", []):
-        text = out.get("text", "") if out.get("output_type") == "stream" else ""
-        for line in text.splitlines():
-            if line.startswith(MARKER):
-                report = json.loads(line[len(MARKER):])
-    if report is None:
-        report = _zero_report(chapter, "the notebook could not be graded: " + ("; ".join(errors) or "no result"))
-    return {
-        "notebook": path.name,
-        "chapter": chapter,
-        "exercises": report,
-        "earned": sum(e["earned"] for e in report),
-        "points": sum(e["points"] for e in report),
-        "errors": errors,
-    }
+        if not chapter_exercises(chapter):
+            raise ValueError
+    except ValueError:
+        return None, f"metadata companion.chapter is {chapter}, a chapter without graded exercises"
+    return chapter, ""
+
+
+# ------------------------------------------------------------------ static flags
+
+def _used_names(tree: ast.AST) -> set[str]:
+    """Dotted names the code imports or reaches: ``import a.b as x; x.c`` gives ``a.b`` and ``a.b.c``."""
+    aliases: dict[str, str] = {}
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                used.add(a.name)
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            used.add(node.module)
+            for a in node.names:
+                used.add(f"{node.module}.{a.name}")
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if fname in ("import_module", "__import__"):
+                used.add(node.args[0].value)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts = []
+            cur: ast.AST = node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id in aliases:
+                used.add(".".join([aliases[cur.id], *reversed(parts)]))
+    return used
+
+
+def _defined_names(tree: ast.AST) -> list[str]:
+    names = []
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def _forbidden_hits(ex: Any, used: set[str]) -> list[str]:
+    return sorted({f for f in ex.forbidden for u in used if u == f or u.startswith(f + ".")})
+
+
+def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dict[str, list[str]]]:
+    """Notebook-level flags and flags per exercise id, from the code alone (nothing is run)."""
+    notebook_flags: list[str] = []
+    owner = {name: ex.id for ex in exercises for name in ex.targets}
+    used_by: dict[str, set[str]] = {ex.id: set() for ex in exercises}
+    shared: set[str] = set()  # names used by cells that define no exercise's target (imports, helpers)
+    for i, cell in enumerate(nb["cells"]):
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(_source(cell))
+        except SyntaxError:
+            continue  # IPython syntax or a typo: the worker reports the cell's error
+        defined = _defined_names(tree)
+        owners = {owner[n] for n in defined if n in owner}
+        for ex_id in owners:
+            used_by[ex_id] |= _used_names(tree)
+        if not owners:
+            shared |= _used_names(tree)
+        if defined and _tags(cell) & SKIP_TAGS:
+            notebook_flags.append(f"cell {i} (a check cell) defines {', '.join(defined)}: it was run as the student's code")
+    per_exercise: dict[str, list[str]] = {}
+    for ex in exercises:
+        hits = _forbidden_hits(ex, used_by[ex.id] | shared)
+        if hits:
+            per_exercise[ex.id] = [f"uses {h}, which exercise {ex.id} forbids" for h in hits]
+    return notebook_flags, per_exercise
+
+
+# ------------------------------------------------------------------ one submission
+
+class _Session:
+    """A worker for one submission that can be restarted; the grader's side of it."""
+
+    def __init__(self, workdir: Path, cells: list[tuple[int, str]], limits: Limits, deadline: float,
+                 hide: tuple[Path, ...] = ()) -> None:
+        self.workdir, self.cells, self.limits, self.deadline, self.hide = workdir, cells, limits, deadline, hide
+        self.skipped: dict[int, str] = {}
+        self.errors: list[str] = []
+        self.proc = None
+        self.channel = None
+        self.starts = 0
+        self.log = workdir / "worker.log"
+        self.cell_imports: set[str] = set()  # imported by the cells' own lines, as the worker saw it run
+        self.runtime_imports: dict[str, set[str]] = {}  # exercise id -> imported while its cases ran
+        self.definers: dict[str, int] = {}  # name -> index of the cell that defines it (read from the code)
+        for index, source in cells:
+            try:
+                for name in _defined_names(ast.parse(source)):
+                    self.definers.setdefault(name, index)
+            except SyntaxError:
+                continue
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_worker(self.proc)
+        self.proc = self.channel = None
+
+    def ready(self) -> None:
+        """A live worker that has run the notebook's cells; raises TimeoutError or RuntimeError."""
+        if self.channel is not None and not self.channel.broken and self.proc.poll() is None:
+            return
+        self.stop()
+        while True:
+            if self.starts >= MAX_RESTARTS:
+                raise RuntimeError(f"the worker was started {self.starts} times; giving up")
+            if time.monotonic() > self.deadline:
+                raise TimeoutError
+            self.starts += 1
+            self.proc = start_worker(self.workdir, self.limits, self.log, self.hide)
+            self.channel = Channel(self.proc.stdin.fileno(), self.proc.stdout.fileno())
+            todo = [(i, s) for i, s in self.cells if i not in self.skipped]
+            current = None
+            try:
+                write_frame(self.channel.to_worker, pickle.dumps(("cells", todo)))
+                while True:
+                    # Until the first cell starts, the worker is importing torch: allow for a slow start.
+                    allowance = self.limits.cell_seconds if current is not None else max(self.limits.cell_seconds, 120)
+                    reply = load_plain(read_frame(self.channel.from_worker, min(self.deadline, time.monotonic() + allowance)))
+                    if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "cell":
+                        current = int(reply[1])
+                        continue
+                    if isinstance(reply, dict) and isinstance(reply.get("value"), dict):
+                        self.errors = [str(e)[:300] for e in reply["value"].get("errors", [])][:50]
+                        self.cell_imports |= self.channel.imports
+                        return
+                    raise WorkerDied("unexpected reply while running the cells")
+            except TimeoutError:
+                self.stop()
+                if time.monotonic() > self.deadline or current is None:
+                    raise
+                self.skipped[current] = f"cell {current} did not finish within {self.limits.cell_seconds:g} s; it was skipped"
+            except Exception as err:  # noqa: BLE001 - the worker died or sent garbage
+                code = self.proc.poll() if self.proc else None
+                self.stop()
+                if current is None:
+                    raise RuntimeError(f"the worker could not start ({err}; exit code {code}){self._log_tail()}") from None
+                self.skipped[current] = f"cell {current} stopped the process (exit code {code}); it was skipped"
+
+    def _log_tail(self) -> str:
+        try:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+        except OSError:
+            return ""
+        return (": " + " | ".join(tail))[:400] if tail else ""
+
+    def targets(self, names: tuple[str, ...]) -> list[Any]:
+        return [self.channel.request(("target", n), deadline=min(self.deadline, time.monotonic() + 30)) for n in names]
+
+
+def _why_missing(session: _Session, missing: list[str]) -> str:
+    """"X not defined in the notebook", with the cell that should have defined it and what happened to it."""
+    why = []
+    for name in missing:
+        cell = session.definers.get(name)
+        if cell is None:
+            continue
+        said = session.skipped.get(cell) or next((e for e in session.errors if e.startswith(f"cell {cell}:")), "")
+        if said:
+            why.append(f"{said} (it defines {name})")
+    return f"{', '.join(missing)} not defined in the notebook" + (": " + "; ".join(why) if why else "")
+
+
+def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict[str, Any]], str, str]:
+    """Every case of every exercise; returns (reports, status, reason)."""
+    import torch
+
+    from .core import CaseResult, ExerciseResult, run_case
+
+    reports: list[dict[str, Any]] = []
+    status, reason = "graded", ""
+    for ex in exercises:
+        result = ExerciseResult(ex)
+        for case in ex.cases:
+            if status != "graded":
+                result.cases.append(CaseResult(case.name, case.points, 0, reason))
+                continue
+            try:
+                session.ready()
+                students = session.targets(ex.targets)
+            except TimeoutError:
+                status = "timeout"
+                reason = f"not graded: the notebook exceeded its limit of {session.limits.notebook_seconds:g} s"
+                result.cases.append(CaseResult(case.name, case.points, 0, reason))
+                continue
+            except Exception as err:  # noqa: BLE001 - the worker cannot run this submission
+                status, reason = "crashed", f"not graded: {err}"[:500]
+                result.cases.append(CaseResult(case.name, case.points, 0, reason))
+                continue
+            missing = [n for n, s in zip(ex.targets, students) if s is None]
+            if missing:
+                result.cases.append(CaseResult(case.name, case.points, 0, _why_missing(session, missing)))
+                continue
+            torch.manual_seed(0)  # as in run_exercise: the same inputs as in the student's notebook
+            left = session.deadline - time.monotonic()
+            if left < case.timeout:  # the notebook's limit comes first
+                got = run_case(dataclasses.replace(case, timeout=max(left, 0.1)), *students)
+                if got.earned == 0 and got.message.startswith("did not finish"):
+                    status = "timeout"
+                    reason = f"not graded: the notebook exceeded its limit of {session.limits.notebook_seconds:g} s"
+                    got.message = reason
+            else:
+                got = run_case(case, *students)
+            result.cases.append(got)
+            if session.channel is not None:
+                session.runtime_imports.setdefault(ex.id, set()).update(session.channel.imports)
+                session.channel.imports.clear()
+            if session.channel is None or session.channel.broken:
+                session.stop()  # a case timed out or the worker died: a fresh worker for the next case
+        reports.append(result.as_dict())
+    return reports, status, reason
+
+
+def _row(path: Path, status: str, reason: str = "", chapter: int | None = None,
+         exercises: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    exercises = exercises or []
+    return {"notebook": path.name, "status": status, "reason": reason, "chapter": chapter,
+            "earned": sum(e["earned"] for e in exercises), "points": sum(e["points"] for e in exercises),
+            "exercises": exercises, "errors": [], "flags": []}
+
+
+def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path | None = None,
+                   hide: tuple[Path, ...] | None = None) -> dict[str, Any]:
+    """Grade one submission; never raises for anything the submission contains.
+
+    ``hide``: paths the worker must not read (default: the notebook's folder and the course's solutions).
+    """
+    from .core import chapter_exercises
+
+    path, limits = Path(path), limits or Limits()
+    start = time.monotonic()
+    nb, why = _read(path)
+    if nb is None:
+        return {**_row(path, "invalid notebook", why), "seconds": round(time.monotonic() - start, 1)}
+    chapter, why = _chapter(nb)
+    if chapter is None:
+        return {**_row(path, "not an exercise", why), "seconds": round(time.monotonic() - start, 1)}
+    exercises = chapter_exercises(chapter)
+    notebook_flags, exercise_flags = find_flags(nb, exercises)
+    cells = [(i, _source(c)) for i, c in enumerate(nb["cells"]) if c.get("cell_type") == "code"]
+    own_root = workroot is None
+    root = Path(tempfile.mkdtemp(prefix="companion-grade-")) if own_root else Path(workroot)
+    workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=root))
+    shutil.copyfile(path, workdir / "submission.ipynb")  # the worker sees only this copy
+    hide = hidden_paths(path.parent) if hide is None else hide
+    session = _Session(workdir, cells, limits, deadline=start + limits.notebook_seconds, hide=hide)
+    try:
+        reports, status, reason = _grade_exercises(session, exercises)
+    finally:
+        session.stop()
+        shutil.rmtree(root if own_root else workdir, ignore_errors=True)
+    for ex, rep in zip(exercises, reports):
+        flags = exercise_flags.get(ex.id, [])
+        seen = session.runtime_imports.get(ex.id, set()) | session.cell_imports
+        for hit in _forbidden_hits(ex, seen):  # imports the code did not spell out, seen at run time
+            flag = f"uses {hit}, which exercise {ex.id} forbids"
+            flags = flags if flag in flags else [*flags, flag + " (an import seen at run time)"]
+        rep["flags"] = flags
+    row = _row(path, status, reason, chapter, reports)
+    row["errors"] = [*session.skipped.values(), *session.errors]
+    row["flags"] = notebook_flags + [f for rep in reports for f in rep["flags"]]
+    if session.starts > 1:
+        row["errors"].append(f"the worker was restarted {session.starts - 1} time(s)")
+    row["seconds"] = round(time.monotonic() - start, 1)
+    return row
+
+
+# ------------------------------------------------------------------ a folder
+
+def _ids(results: list[dict[str, Any]]) -> list[str]:
+    return sorted({e["id"] for r in results for e in r["exercises"]}, key=lambda i: [int(p) for p in i.split(".")])
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    """A plain-text table: one row per notebook, one column per exercise, and the total."""
-    ids = sorted({e["id"] for r in results for e in r["exercises"]}, key=lambda i: [int(p) for p in i.split(".")])
-    header = ["notebook", *ids, "total"]
+    """One row per file: status, points per exercise (``*`` = flagged), total."""
+    ids = _ids(results)
+    header = ["notebook", "status", *ids, "total"]
     rows = []
     for r in results:
-        by_id = {e["id"]: f"{e['earned']}/{e['points']}" for e in r["exercises"]}
-        rows.append([r["notebook"], *(by_id.get(i, "-") for i in ids), f"{r['earned']}/{r['points']}"])
+        by_id = {e["id"]: f"{e['earned']}/{e['points']}{'*' if e.get('flags') else ''}" for e in r["exercises"]}
+        total = f"{r['earned']}/{r['points']}{'*' if r['flags'] else ''}" if r["exercises"] else "-"
+        rows.append([r["notebook"], r["status"], *(by_id.get(i, "-") for i in ids), total])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [header, *rows]]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    if any(r["flags"] for r in results):
+        lines.append("* flagged: see the flags in the JSON file")
     return "\n".join(lines)
 
 
-def grade_folder(
-    folder: Path, *, csv_path: Path | None = None, json_path: Path | None = None, cell_timeout: int = 120
-) -> list[dict[str, Any]]:
-    """Grade every ``*.ipynb`` in ``folder``; write the CSV and JSON files if paths are given."""
-    folder = Path(folder)
-    paths = sorted(folder.glob("*.ipynb"))
-    if not paths:
-        raise ValueError(f"no .ipynb files in {folder}")
-    results = [grade_notebook(p, cell_timeout=cell_timeout) for p in paths]
+def _write(results: list[dict[str, Any]], csv_path: Path | None, json_path: Path | None, sandbox: str) -> None:
     if json_path is not None:
-        Path(json_path).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        doc = {"sandbox": sandbox, "statuses": list(STATUSES), "notebooks": results}
+        Path(json_path).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if csv_path is not None:
-        ids = sorted({e["id"] for r in results for e in r["exercises"]}, key=lambda i: [int(p) for p in i.split(".")])
+        ids = _ids(results)
         with open(csv_path, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
-            writer.writerow(["notebook", "chapter", *ids, "earned", "points"])
+            writer.writerow(["notebook", "status", "chapter", *ids, "earned", "points", "flags", "reason"])
             for r in results:
                 by_id = {e["id"]: e["earned"] for e in r["exercises"]}
-                writer.writerow([r["notebook"], r["chapter"], *(by_id.get(i, "") for i in ids), r["earned"], r["points"]])
+                writer.writerow([r["notebook"], r["status"], r["chapter"] if r["chapter"] is not None else "",
+                                 *(by_id.get(i, "") for i in ids), r["earned"], r["points"],
+                                 "; ".join(r["flags"]), r["reason"]])
+
+
+def _digest(folder: Path, skip: tuple[Path | None, ...] = ()) -> str:
+    """A hash of the files under ``folder`` (names and contents), ignoring caches and the result files."""
+    skipped = {Path(p).resolve() for p in skip if p is not None}
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and p.name not in ("scores.csv", "scores.json") \
+                and p.resolve() not in skipped:
+            h.update(str(p.relative_to(folder)).encode())
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _not_traceable() -> None:
+    """Linux: no process of the same user may ptrace the grader (PR_SET_DUMPABLE = 0).
+
+    Matters without bubblewrap, where a submission runs as the grader's user."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def grade_folder(
+    folder: Path, *, csv_path: Path | None = None, json_path: Path | None = None,
+    limits: Limits | None = None, progress: TextIO | None = sys.stderr,
+) -> list[dict[str, Any]]:
+    """Grade every ``*.ipynb`` in ``folder`` (one row each); the files are rewritten after each notebook."""
+    folder, limits = Path(folder), limits or Limits()
+    paths = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    if not paths:
+        raise ValueError(f"no .ipynb files in {folder}")
+    sandbox = sandbox_status()
+    sandboxed = sandbox.startswith("bubblewrap")
+    package = Path(__file__).resolve().parents[1]
+    skip = (csv_path, json_path)
+    hide = hidden_paths(folder, skip)
+    _not_traceable()
+    watched = {"the companion package": (package, _digest(package)), "the submissions": (folder, _digest(folder, skip))}
+    if progress:
+        print(f"grading {len(paths)} notebooks, at most {limits.notebook_seconds:g} s each; sandbox: {sandbox}",
+              file=progress, flush=True)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="companion-grade-") as root:
+        for n, path in enumerate(paths, 1):
+            try:
+                row = grade_notebook(path, limits=limits, workroot=Path(root), hide=hide)
+            except Exception as err:  # noqa: BLE001 - a bug of the grader must not lose the other rows
+                row = {**_row(path, "crashed", f"grader error: {type(err).__name__}: {err}"[:500]), "seconds": None}
+                row["errors"] = traceback.format_exc().splitlines()[-5:]
+            if not sandboxed:  # without a sandbox a submission could write: at least notice it
+                for what, (where, digest) in list(watched.items()):
+                    now = _digest(where, skip)
+                    if now != digest:
+                        row["flags"].append(f"{what} changed on disk while this notebook was graded")
+                        watched[what] = (where, now)
+                        if progress:
+                            print(f"WARNING: {path.name} changed {what} ({where})", file=progress, flush=True)
+            results.append(row)
+            _write(results, csv_path, json_path, sandbox)
+            if progress:
+                total = f" {row['earned']}/{row['points']}" if row["exercises"] else ""
+                print(f"[{n}/{len(paths)}] {path.name}: {row['status']}{total} ({row['seconds']} s)"
+                      f"{' - ' + row['reason'] if row['reason'] else ''}", file=progress, flush=True)
     return results

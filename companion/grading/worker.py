@@ -1,0 +1,249 @@
+"""The untrusted side of the instructor's grader: runs one submission's code, answers calls.
+
+Started by :mod:`.instructor` (inside the sandbox) as
+``python -m companion.grading.worker``, with the protocol on its stdin and
+stdout. Before any student code runs, the protocol is moved to other file
+descriptors and the student's prints go to stderr, so nothing a cell prints
+can be mistaken for a reply.
+
+Requests (see :mod:`.remote`): ``("cells", [(index, source), ...])`` runs the
+notebook's code cells, replying ``("cell", i)`` before each and a summary at
+the end; ``("target", name)``; ``("call", id, args, kwargs)``;
+``("getattr", id, name)``; ``("setattr", id, name, value)``;
+``("apply", fn, args, kwargs)``. Replies are plain data.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import pickle
+import sys
+import traceback
+import types
+from collections import OrderedDict
+from typing import Any
+
+ENV_FLAG = "COMPANION_GRADING_WORKER"  # check() and score() do nothing in the worker
+
+PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+class Worker:
+    def __init__(self, inp: int, out: int) -> None:
+        self.inp, self.out = inp, out
+        self.objects: dict[int, Any] = {}
+        self.imports: set[str] = set()  # modules the student's own lines imported since the last reply
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+
+    # ---------------------------------------------------------- replies
+    def send(self, obj: Any) -> None:
+        from .remote import dump_plain, write_frame
+
+        write_frame(self.out, dump_plain(obj))
+
+    def handle_of(self, obj: Any) -> dict[str, Any]:
+        key = id(obj)
+        self.objects[key] = obj
+        cls = obj if isinstance(obj, type) else type(obj)
+        mro = [] if isinstance(obj, type) else [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
+        name = f"{cls.__module__}.{cls.__qualname__}" if not isinstance(obj, type) else "type"
+        return {"__remote__": key, "type": name, "mro": mro}
+
+    def plain(self, obj: Any, depth: int = 0) -> Any:
+        """``obj`` as plain data; anything else becomes a handle (the object stays here)."""
+        import torch
+
+        if depth > 50:
+            return self.handle_of(obj)
+        if isinstance(obj, torch.Tensor):
+            if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+                obj = obj.as_subclass(torch.Tensor)
+            t = obj.detach().clone()
+            if obj.requires_grad:
+                t.requires_grad_(True)
+            return torch.nn.Parameter(t, requires_grad=obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else t
+        if type(obj) in PLAIN_SCALARS or isinstance(obj, (torch.dtype, torch.device, torch.Size)):
+            return obj
+        # Subclasses become their plain base (a Counter is a dict, a namedtuple a tuple, an IntEnum an int),
+        # which is what the checks look at, and all that torch.load(weights_only=True) accepts.
+        for base in (bool, int, float, complex, str, bytes):
+            if isinstance(obj, base):
+                return base(obj)
+        if isinstance(obj, (list, tuple)):
+            return (list if isinstance(obj, list) else tuple)(self.plain(v, depth + 1) for v in obj)
+        if isinstance(obj, (set, frozenset)):
+            return {self.plain(v, depth + 1) for v in obj}
+        if isinstance(obj, types.GeneratorType):
+            return [self.plain(v, depth + 1) for v in obj]
+        if isinstance(obj, dict):
+            kind = OrderedDict if isinstance(obj, OrderedDict) else dict
+            return kind((self.plain(k, depth + 1), self.plain(v, depth + 1)) for k, v in obj.items())
+        return self.handle_of(obj)
+
+    def error(self, err: BaseException) -> dict[str, Any]:
+        from .core import _describe_exception
+
+        return {"error": _describe_exception(err), "type": type(err).__name__}
+
+    # ---------------------------------------------------------- requests
+    def resolve(self, data: bytes) -> Any:
+        objects = self.objects
+
+        class Unpickler(pickle.Unpickler):
+            def persistent_load(self, pid):
+                return objects[pid[1]]
+
+        import io
+
+        return Unpickler(io.BytesIO(data)).load()
+
+    def run_cells(self, cells: list[tuple[int, str]]) -> dict[str, Any]:
+        errors = []
+        for index, source in cells:
+            self.send(("cell", index))
+            try:
+                source = _python_source(source)
+                name = f"<cell {index}>"
+                linecache.cache[name] = (len(source), None, source.splitlines(True), name)  # for tracebacks
+                code = compile(source, name, "exec")
+                exec(code, self.namespace)
+            except BaseException as err:  # noqa: BLE001 - a cell that raises is recorded, the next one runs
+                errors.append(f"cell {index}: {_short(err)}")
+        return {"value": {"errors": errors}, "imports": self.take_imports()}
+
+    def take_imports(self) -> list[str]:
+        found, self.imports = sorted(self.imports), set()
+        return found
+
+    def watch_imports(self) -> None:
+        """Record what the student's lines import, however spelled (``__import__("a" + "b")`` too).
+
+        Only imports made directly by a line of a notebook cell count, not those made by
+        torch or companion internally. The record is a flag for a person, not a proof:
+        the student's code runs here and could undo this.
+        """
+        import builtins
+        import importlib
+
+        real_import, real_import_module = builtins.__import__, importlib.import_module
+        imports = self
+
+        def from_student(depth: int) -> bool:
+            return sys._getframe(depth).f_code.co_filename.startswith("<cell")
+
+        def watched_import(name, globals=None, locals=None, fromlist=(), level=0):
+            module = real_import(name, globals, locals, fromlist, level)
+            if level == 0 and from_student(2):
+                imports.imports.add(name)
+                imports.imports.update(f"{name}.{f}" for f in fromlist or () if isinstance(f, str))
+            return module
+
+        def watched_import_module(name, package=None):
+            if from_student(2) and not name.startswith("."):
+                imports.imports.add(name)
+            return real_import_module(name, package)
+
+        builtins.__import__ = watched_import
+        importlib.import_module = watched_import_module
+
+    def serve(self) -> None:
+        from .remote import read_frame
+
+        while True:
+            try:
+                data = read_frame(self.inp)
+            except Exception:  # noqa: BLE001 - the grader went away
+                return
+            message = self.resolve(data)
+            kind = message[0]
+            try:
+                if kind == "cells":
+                    reply = self.run_cells(message[1])
+                elif kind == "target":
+                    name = message[1]
+                    reply = {"value": self.handle_of(self.namespace[name]) if name in self.namespace else None}
+                elif kind == "call":
+                    import torch
+
+                    _, key, args, kwargs, grad = message
+                    with torch.set_grad_enabled(grad):
+                        reply = {"value": self.plain(self.objects[key](*args, **kwargs))}
+                elif kind == "getattr":
+                    reply = {"value": self.plain(getattr(self.objects[message[1]], message[2]))}
+                elif kind == "setattr":
+                    setattr(self.objects[message[1]], message[2], message[3])
+                    reply = {"value": None}
+                elif kind == "apply":
+                    _, fn, args, kwargs = message
+                    reply = {"value": self.plain(fn(*args, **kwargs))}
+                else:
+                    reply = {"error": f"unknown request {kind!r}", "type": "RuntimeError"}
+            except BaseException as err:  # noqa: BLE001 - the student's code raised: tell the grader
+                reply = self.error(err)
+            if kind != "cells":
+                reply["imports"] = self.take_imports()
+            try:
+                self.send(reply)
+            except Exception as err:  # noqa: BLE001 - an unpicklable value, say why
+                self.send({"error": f"the result could not be sent back: {_short(err)}", "type": "TypeError"})
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}{': ' + text if text else ''}"[:300]
+
+
+def _python_source(source: str) -> str:
+    """IPython syntax (``%magic``, ``!shell``) turned into Python; such lines then fail by themselves."""
+    if "%" not in source and "!" not in source:
+        return source
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return source
+    return TransformerManager().transform_cell(source)
+
+
+class _NoShell:
+    """What ``get_ipython()`` gives a submission's cells: magics and shell escapes do nothing,
+    except the cell magics that only wrap their cell (``%%time``, ``%%capture``), whose cell runs."""
+
+    RUNS_ITS_CELL = {"time", "timeit", "capture"}
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+
+    def run_cell_magic(self, name: str, line: str, cell: str) -> None:
+        if name in self.RUNS_ITS_CELL:
+            exec(compile(cell, "<cell magic>", "exec"), self.namespace)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def main() -> None:
+    # Keep the protocol away from fd 0/1: a student's print() goes to stderr.
+    inp, out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    os.environ[ENV_FLAG] = "1"
+    worker = Worker(inp, out)
+    worker.watch_imports()
+    shell = _NoShell(worker.namespace)
+    worker.namespace["get_ipython"] = lambda: shell
+    try:
+        import torch  # noqa: F401 - imported before any student code, so the protocol can use it
+
+        worker.serve()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
