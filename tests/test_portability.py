@@ -56,3 +56,68 @@ def test_corpus_has_the_same_sha256_on_every_python(minor):
     version, digest, length = proc.stdout.split()
     assert version.startswith(minor + ".")
     assert (digest, int(length)) == (corpus.PYDOC_SHA256, 465_126), f"Python {version} loads another corpus"
+
+
+# --- outputs under another instruction set -------------------------------------------------
+
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+# A float32 matrix product whose last digits depend on the instruction set (MKL's
+# SGEMM blocks the sum differently with SSE4.2 than with AVX2 or AVX-512).
+PROBE = """\
+import torch
+from companion.notebook import glue
+torch.manual_seed(0)
+value = (torch.randn(256, 512) @ torch.randn(512, 128)).mean().item()
+glue("value", value, {fmt!r})
+print(f"mean {{value:{fmt}}}")"""
+
+
+def probe_notebook(path, fmt):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(PROBE.format(fmt=fmt))]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def execute_natively(path):
+    """Run the notebook exactly as authors do: `python tools/notebooks.py execute`."""
+    proc = subprocess.run([sys.executable, "tools/notebooks.py", "execute", str(path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def nbval(path):
+    """The suite's output comparison of one notebook, in this (the suite's) environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "no:cacheprovider",
+         "-p", "no:xdist", "-q", path.name],
+        cwd=path.parent, capture_output=True, text=True, env=os.environ.copy(),
+    )
+
+
+def test_the_suite_runs_under_a_forced_instruction_set():
+    forced = {k: os.environ.get(k) for k in ISA_VARIABLES}
+    assert None not in forced.values(), f"conftest.py must set {ISA_VARIABLES}, found {forced}"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MKL/ATen instruction-set switches checked on Linux x86")
+def test_a_full_precision_glue_fails_and_a_rounded_one_passes(tmp_path):
+    import json
+
+    full = probe_notebook(tmp_path / "full.ipynb", ".17g")
+    execute_natively(full)
+    native = json.loads(full.read_text())["cells"][0]["outputs"]
+    assert any("application/papermill.record/text/plain" in o.get("data", {}) for o in native), native
+    proc = nbval(full)
+    if proc.returncode == 0:
+        pytest.skip("this CPU's native instruction set gives the same float32 product as the forced one")
+    assert "1 failed" in proc.stdout and "papermill.record" in proc.stdout, proc.stdout[-3000:]
+
+    rounded = probe_notebook(tmp_path / "rounded.ipynb", ".3f")
+    execute_natively(rounded)
+    proc = nbval(rounded)
+    assert proc.returncode == 0, proc.stdout[-3000:]

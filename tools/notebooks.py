@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -71,18 +72,35 @@ def sync_setup_cells(check: bool = False) -> list[Path]:
     return changed
 
 
+# Variables that force an instruction set on PyTorch, MKL and oneDNN. The test
+# suite sets them (conftest.py) so that nbval compares the committed outputs
+# under another instruction set than the one that produced them; `execute`
+# removes them, so committed outputs always come from the machine's native one.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def native_environment() -> dict[str, str]:
+    """This process's environment without the instruction-set overrides (for notebook kernels)."""
+    return {k: v for k, v in os.environ.items() if k not in ISA_VARIABLES}
+
+
 def execute(paths: list[Path], timeout: int = 900) -> None:
-    """Execute notebooks in place (working directory = the notebook's folder) and save outputs."""
+    """Execute notebooks in place (working directory = the notebook's folder) and save outputs.
+
+    Kernels run with the machine's native instruction set (see ``ISA_VARIABLES``).
+    """
     import nbformat
     from nbclient import NotebookClient
 
+    env = native_environment()
     for path in paths:
         path = Path(path).resolve()
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute(env=env)
         path.write_text(notebook_text(nb), encoding="utf-8")
-        print(f"executed {path.relative_to(ROOT)}")
+        print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
 def main(argv: list[str] | None = None) -> int:
