@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,14 +27,15 @@ NOTEBOOK_DIRS = ("book", "solutions")
 
 SETUP_TEMPLATE = '''\
 # Setup: the course package `companion` is needed. In the repository it is
-# installed by `pip install -e .`; in Colab this installs it (and nothing that
-# Colab already has: torch, numpy and matplotlib are left as they are).
+# installed by `pip install -e .`; in Colab this installs the release that
+# matches this notebook (and nothing that Colab already has: torch, numpy,
+# matplotlib and transformers are left as they are).
 import importlib.util
 import subprocess
 import sys
 
 if importlib.util.find_spec("companion") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "git+{url}"], check=True)'''
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{requirement}"], check=True)'''
 
 
 def repository_url() -> str:
@@ -43,8 +45,26 @@ def repository_url() -> str:
     return config["repository"]["url"]
 
 
+def package_version() -> str:
+    """The version in pyproject.toml (``project.version``), which is also ``companion.__version__``."""
+    match = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    if match is None:
+        raise ValueError("pyproject.toml has no project version line (version = \"X.Y.Z\")")
+    return match.group(1)
+
+
+def release_tag(version: str | None = None) -> str:
+    """The git tag of a release: ``v`` + the package version (README: how a release is tagged)."""
+    return f"v{version or package_version()}"
+
+
+def install_requirement(url: str | None = None) -> str:
+    """What the setup cell gives pip: the repository at the tag of this notebook's release."""
+    return f"git+{url or repository_url()}@{release_tag()}"
+
+
 def setup_source() -> str:
-    return SETUP_TEMPLATE.format(url=repository_url())
+    return SETUP_TEMPLATE.format(requirement=install_requirement())
 
 
 def _notebooks() -> list[Path]:
