@@ -1,8 +1,9 @@
 """Offline text and batching helpers shared by the training chapters.
 
-The corpus is Python's own documentation topics (``pydoc_data.topics``): about
-465,000 characters of real English prose and code that ship with every
-CPython, Colab included, so no download is needed.
+The corpus is Python's own documentation topics (``pydoc_data.topics``): 465,126
+characters of real English prose and code, frozen from Python 3.11.7 and
+shipped inside the package (see :mod:`companion.corpus` for its provenance and
+licence), so it is the same on every Python version and no download is needed.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ __all__ = ["load_pydoc_text", "CharTokenizer", "train_val_split", "random_batch"
 
 
 def load_pydoc_text() -> str:
-    """The text of ``pydoc_data.topics``: all help topics, joined in sorted key order."""
-    from pydoc_data.topics import topics
+    """Python 3.11.7's help topics (``pydoc_data.topics``), joined in sorted key order.
 
-    return "\n\n".join(topics[key] for key in sorted(topics))
+    The text is frozen package data, checked by its SHA-256 when loaded, so it
+    does not depend on the Python that runs it.
+    """
+    from .corpus import load_text
+
+    return load_text()
 
 
 class CharTokenizer:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,14 +27,15 @@ NOTEBOOK_DIRS = ("book", "solutions")
 
 SETUP_TEMPLATE = '''\
 # Setup: the course package `companion` is needed. In the repository it is
-# installed by `pip install -e .`; in Colab this installs it (and nothing that
-# Colab already has: torch, numpy and matplotlib are left as they are).
+# installed by `pip install -e .`; in Colab this installs the release that
+# matches this notebook (and nothing that Colab already has: torch, numpy,
+# matplotlib and transformers are left as they are).
 import importlib.util
 import subprocess
 import sys
 
 if importlib.util.find_spec("companion") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "git+{url}"], check=True)'''
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{requirement}"], check=True)'''
 
 
 def repository_url() -> str:
@@ -42,8 +45,26 @@ def repository_url() -> str:
     return config["repository"]["url"]
 
 
+def package_version() -> str:
+    """The version in pyproject.toml (``project.version``), which is also ``companion.__version__``."""
+    match = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    if match is None:
+        raise ValueError("pyproject.toml has no project version line (version = \"X.Y.Z\")")
+    return match.group(1)
+
+
+def release_tag(version: str | None = None) -> str:
+    """The git tag of a release: ``v`` + the package version (README: how a release is tagged)."""
+    return f"v{version or package_version()}"
+
+
+def install_requirement(url: str | None = None) -> str:
+    """What the setup cell gives pip: the repository at the tag of this notebook's release."""
+    return f"git+{url or repository_url()}@{release_tag()}"
+
+
 def setup_source() -> str:
-    return SETUP_TEMPLATE.format(url=repository_url())
+    return SETUP_TEMPLATE.format(requirement=install_requirement())
 
 
 def _notebooks() -> list[Path]:
@@ -71,18 +92,35 @@ def sync_setup_cells(check: bool = False) -> list[Path]:
     return changed
 
 
+# Variables that force an instruction set on PyTorch, MKL and oneDNN. The test
+# suite sets them (conftest.py) so that nbval compares the committed outputs
+# under another instruction set than the one that produced them; `execute`
+# removes them, so committed outputs always come from the machine's native one.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def native_environment() -> dict[str, str]:
+    """This process's environment without the instruction-set overrides (for notebook kernels)."""
+    return {k: v for k, v in os.environ.items() if k not in ISA_VARIABLES}
+
+
 def execute(paths: list[Path], timeout: int = 900) -> None:
-    """Execute notebooks in place (working directory = the notebook's folder) and save outputs."""
+    """Execute notebooks in place (working directory = the notebook's folder) and save outputs.
+
+    Kernels run with the machine's native instruction set (see ``ISA_VARIABLES``).
+    """
     import nbformat
     from nbclient import NotebookClient
 
+    env = native_environment()
     for path in paths:
         path = Path(path).resolve()
         nb = nbformat.read(path, as_version=4)
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute(env=env)
         path.write_text(notebook_text(nb), encoding="utf-8")
-        print(f"executed {path.relative_to(ROOT)}")
+        print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
 def main(argv: list[str] | None = None) -> int:
