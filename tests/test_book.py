@@ -58,3 +58,96 @@ def test_landing_page_lists_fifteen_chapters(site):
     text = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
     numbered = re.findall(r"^(\d+)\. ", text, flags=re.M)
     assert [int(n) for n in numbered] == list(range(1, 16))
+
+
+def test_landing_page_says_which_chapters_exist_and_which_are_coming():
+    """A numbered line of the landing page links its chapter if the notebook exists, else says *coming*."""
+    text = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
+    written = {int(p.stem[2:4]): p.stem for p in (ROOT / "book").glob("ch*.ipynb")}
+    for number, line in re.findall(r"^(\d+)\. (.*)$", text, flags=re.M):
+        number = int(number)
+        if number in written:
+            assert f"{{doc}}`{written[number]}`" in line, f"chapter {number} is written but not linked: {line}"
+        else:
+            assert line.endswith("*coming*") and "{doc}" not in line, f"chapter {number} does not exist yet: {line}"
+
+
+# --- Corrections appendix: generated from the chapters' Correction admonitions ---
+
+CORRECTION_FIELDS = ("**Seed:**", "**What holds:**", "**Evidence:**", "**Source:**")
+FENCE = re.compile(r"^(:{3,}|`{3,})\{admonition\}([^\n]*)\n(.*?)^\1\s*$", flags=re.M | re.S)
+
+
+def admonitions():
+    """Every admonition in the chapters' markdown: (notebook, title, classes, name, body)."""
+    import json
+
+    found = []
+    for nb in sorted((ROOT / "book").glob("ch*.ipynb")):
+        for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "markdown":
+                continue
+            for match in FENCE.finditer("".join(cell["source"])):
+                body = match.group(3)
+                classes = re.search(r"^:class:(.*)$", body, flags=re.M)
+                name = re.search(r"^:name:\s*(\S+)", body, flags=re.M)
+                found.append((nb.stem, match.group(2).strip(), classes.group(1).split() if classes else [],
+                              name.group(1) if name else None, body))
+    return found
+
+
+def correction_admonitions():
+    """The admonitions the corrections appendix collects: class `correction`. (notebook, name, body)"""
+    return [(nb, name, body) for nb, _, classes, name, body in admonitions() if "correction" in classes]
+
+
+def test_every_correction_has_the_class_a_name_and_the_four_fields():
+    for notebook, title, classes, name, body in admonitions():
+        if not (title.lower().startswith("correction") or "correction" in classes):
+            continue
+        where = f"{notebook}, admonition {title!r}"
+        assert "correction" in classes, f"{where}: needs `:class: warning correction` (one correction per admonition)"
+        assert title.startswith("Correction: "), f"{where}: the title says what holds, `Correction: ...`"
+        assert name and re.fullmatch(rf"corr-ch{notebook[2:4]}-[a-z0-9-]+", name), (
+            f"{where}: needs `:name: corr-ch{notebook[2:4]}-...`, got {name!r}")
+        missing = [f for f in CORRECTION_FIELDS if f not in body]
+        assert not missing, f"{where}: missing {missing}"
+
+
+def test_corrections_appendix_lists_every_correction(site):
+    page = (site / "book" / "corrections.html").read_text(encoding="utf-8")
+    corrections = correction_admonitions()
+    entries = re.findall(r'<div class="correction-entry[^"]*"[^>]*id="list-([^"]+)"', page)
+    assert sorted(entries) == sorted(name for _, name, _ in corrections)
+    for notebook, name, _ in corrections:
+        # The entry links back to the admonition in its chapter, which carries that anchor.
+        assert f'href="{notebook}.html#{name}"' in page, name
+        chapter = (site / "book" / f"{notebook}.html").read_text(encoding="utf-8")
+        assert f'id="{name}"' in chapter, f"{notebook}: no anchor {name}"
+        block = page.split(f'id="list-{name}"', 1)[1].split('<div class="correction-entry', 1)[0]
+        for field in ("Seed:", "What holds:", "Evidence:", "Source:"):
+            assert f"<strong>{field}</strong>" in block, f"{name}: {field} missing in the appendix"
+
+
+def test_chinese_text_is_marked_lang_zh(site):
+    for page in [site / "book" / "glossary.html", site / "book" / "corrections.html", *chapter_pages(site)]:
+        text = page.read_text(encoding="utf-8")
+        main = text[text.index("<main"):text.index("</main>")]
+        main = re.sub(r"<(pre|code|script)\b.*?</\1>", "", main, flags=re.S)
+        main = re.sub(r'<span class="zh" lang="zh">[^<]*</span>', "", main)
+        left = re.findall(r"[\u3400-\u4dbf\u4e00-\u9fff]+", main)
+        assert not left, f"{page.name}: Chinese text outside lang=\"zh\": {left[:5]}"
+    assert (site / "book" / "glossary.html").read_text(encoding="utf-8").count('lang="zh"') >= 50
+
+
+def test_no_page_loads_anything_from_a_cdn(site):
+    """MathJax, RequireJS and the widget manager are served by the site (book/_static/vendor)."""
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        tags = re.findall(r"<(?:script|link)\b[^>]*>", text)
+        remote = [t for t in tags if re.search(r'(src|href)="(https?:)?//', t)]
+        assert not remote, f"{page.relative_to(site)}: {remote[:3]}"
+    vendor = ROOT / "book" / "_static" / "vendor"
+    assert (vendor / "VERSIONS").exists()
+    for package in ("mathjax", "requirejs", "html-manager"):
+        assert (vendor / package / "LICENSE").exists(), package

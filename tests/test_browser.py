@@ -1,0 +1,226 @@
+"""The website as a reader sees it: every page in headless Chromium, offline, served from a sub-path.
+
+The site is built once, served by ``http.server`` on 127.0.0.1 under
+``/course/`` (so a page that assumes it lives at the server root fails), and
+every page of the table of contents is opened in Debian's ``chromium`` driven by
+Playwright (``executable_path``: no browser is downloaded). Every request that
+leaves 127.0.0.1 is aborted and fails the page: a classroom without internet
+must see what this test sees. A page fails when
+
+* text still shows raw TeX (``\\(``, ``\\[``, ``$$``, ``\\begin{``) after MathJax
+  has typeset, or MathJax reports an error;
+* an image does not load, or a resource answers 4xx/5xx;
+* the console logs an error or a script throws;
+* a saved widget does not render (widget state must show offline);
+* a chapter page has no Colab launch link to its notebook;
+* an image of the content has no meaningful alt text (empty, a file name or a
+  hash, or fewer than three words);
+* the page scrolls horizontally at a 400 px wide viewport;
+* Chinese text is not inside a ``lang="zh"`` element.
+
+A full-page screenshot of every page (1280 px wide) and of the landing page at
+400 px goes to ``_build/screenshots/``. Without Chromium or Playwright the test
+skips and says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+SUBPATH = "/course/"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
+    "--font-render-hinting=none",
+]
+
+
+def toc_docnames():
+    """Every page of the book, in table-of-contents order (root first)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    names = [toc["root"]]
+    for part in toc.get("parts", []):
+        names += [c["file"] for c in part.get("chapters", [])]
+    return names
+
+
+def chromium_path():
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = chromium_path()
+    if not path:
+        pytest.skip("no Chromium: install Debian's `chromium` (apt-get install -y chromium; .ci/run does it) "
+                    "or point $CHROMIUM at a Chromium binary")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:  # pragma: no cover - playwright is in requirements.txt
+        pytest.skip(f"Playwright is not installed ({exc}); pip install -r requirements.txt")
+    with sync_playwright() as pw:
+        try:
+            b = pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_FLAGS)
+        except Exception as exc:
+            pytest.skip(f"Chromium at {path} does not start under Playwright: {str(exc).splitlines()[0]}")
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Build the site and serve it on 127.0.0.1 under /course/; yields the base URL."""
+    out = tmp_path_factory.mktemp("browser-site")
+    jb = Path(sys.executable).with_name("jupyter-book")
+    proc = subprocess.run(
+        [str(jb), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    webroot = out / "webroot"
+    webroot.mkdir()
+    shutil.copytree(out / "_build" / "html", webroot / SUBPATH.strip("/"))
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(webroot))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}{SUBPATH}"
+    server.shutdown()
+    server.server_close()
+    shutil.rmtree(out, ignore_errors=True)
+
+
+# Run in the page after load: what a reader would notice. Returns a list of problems.
+INSPECT = r"""
+async () => {
+  const problems = [];
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+    if (MathJax.typesetPromise) { await MathJax.typesetPromise(); }
+  }
+  // Saved widget views: the embed manager renders each into a .widget-subarea beside its script.
+  const rendered = s => [s.previousElementSibling, s.nextElementSibling].some(
+    n => n && n.classList.contains('widget-subarea') && n.querySelector('.jupyter-widgets'));
+  const views = [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')];
+  for (let i = 0; i < 100 && !views.every(rendered); i++) await new Promise(r => setTimeout(r, 100));
+  views.forEach((s, i) => { if (!rendered(s)) problems.push(`widget ${i + 1} of ${views.length} did not render`); });
+  const skip = 'script, style, pre, code, textarea, mjx-container, .highlight';
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const tex = /\\\(|\\\[|\$\$|\\begin\{/;
+  const cjk = /[\u3400-\u4dbf\u4e00-\u9fff]/;
+  let rawTex = [], untagged = [];
+  while (walker.nextNode()) {
+    const node = walker.currentNode, el = node.parentElement;
+    if (!el || el.closest(skip)) continue;
+    if (tex.test(node.textContent)) rawTex.push(node.textContent.trim().slice(0, 60));
+    if (cjk.test(node.textContent)) {
+      const tagged = el.closest('[lang]');
+      if (!tagged || !tagged.getAttribute('lang').startsWith('zh')) untagged.push(node.textContent.trim().slice(0, 30));
+    }
+  }
+  if (rawTex.length) problems.push(`raw TeX shown: ${JSON.stringify(rawTex.slice(0, 3))}`);
+  if (untagged.length) problems.push(`Chinese text without lang="zh": ${JSON.stringify(untagged.slice(0, 3))}`);
+  const merr = document.querySelectorAll('mjx-merror').length;
+  if (merr) problems.push(`${merr} MathJax errors`);
+  for (const img of document.images) {
+    const name = img.getAttribute('src');
+    if (!img.complete || img.naturalWidth === 0) problems.push(`image did not load: ${name}`);
+    if (!img.closest('article')) continue;  // the theme's own icons (Colab logo in the launch menu)
+    const alt = (img.getAttribute('alt') || '').trim();
+    // A live widget's plot is drawn by the widget manager, which writes no alt text; the
+    // static figure beside every widget (CONTRIBUTING, item 7) carries the description.
+    if (img.closest('.widget-subarea')) continue;
+    const fileLike = /\.(png|jpe?g|svg|gif)$/i.test(alt) || /^[0-9a-f]{12,}$/i.test(alt) || alt === name;
+    if (!alt || fileLike || alt.split(/\s+/).length < 3)
+      problems.push(`image without meaningful alt text: ${name.split('/').pop()} alt=${JSON.stringify(alt.slice(0, 40))}`);
+  }
+  return problems;
+}
+"""
+
+OVERFLOW = r"""
+() => {
+  const d = document.documentElement;
+  if (d.scrollWidth <= d.clientWidth + 1) return null;
+  // Name what sticks out (not inside a scrolling or clipping box), to say what to fix.
+  const clipped = el => { for (let a = el.parentElement; a && a !== d; a = a.parentElement)
+    if (getComputedStyle(a).overflowX !== 'visible') return true; return false; };
+  const name = el => `${el.tagName.toLowerCase()}${[...el.classList].map(c => '.' + c).join('')}`;
+  let worst = null, right = d.clientWidth;
+  for (const el of document.body.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.right > right + 1 && r.width > 0 && !clipped(el)) { right = r.right; worst = el; }
+  }
+  let what = '?';
+  if (worst) {
+    const chain = [];
+    for (let el = worst; el && el !== document.body && chain.length < 4; el = el.parentElement) chain.push(name(el));
+    what = chain.reverse().join(' > ') + ` "${worst.textContent.trim().slice(0, 50)}"`;
+  }
+  return `scrolls horizontally at 400 px: ${d.scrollWidth} > ${d.clientWidth} (widest: ${what})`;
+}
+"""
+
+
+@pytest.mark.parametrize("docname", toc_docnames())
+def test_page_in_a_browser(browser, served, docname):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    problems, remote = [], []
+
+    def route(r):
+        host = urlparse(r.request.url).hostname
+        if r.request.url.startswith(("data:", "blob:")) or host == "127.0.0.1":
+            r.continue_()
+        else:
+            remote.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text[:200]}"))
+    page.on("pageerror", lambda e: problems.append(f"script error: {str(e)[:200]}"))
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+    page.on("requestfailed", lambda r: urlparse(r.url).hostname == "127.0.0.1"
+            and problems.append(f"request failed: {r.url}"))
+    try:
+        page.goto(served + docname + ".html", wait_until="load")
+        problems += page.evaluate(INSPECT)
+        if re.match(r"book/ch\d\d_", docname):
+            notebook = docname.split("/")[-1] + ".ipynb"
+            colab = page.locator(f'a[href^="https://colab.research.google.com/github/"][href$="/{notebook}"]')
+            if colab.count() == 0:
+                problems.append(f"no Colab launch link to {notebook}")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = docname.replace("/", "_")
+        page.screenshot(path=str(SCREENSHOTS / f"{shot}.png"), full_page=True)
+        page.set_viewport_size({"width": 400, "height": 800})
+        page.wait_for_timeout(200)
+        overflow = page.evaluate(OVERFLOW)
+        if overflow:
+            problems.append(overflow)
+        if docname == toc_docnames()[0]:
+            page.screenshot(path=str(SCREENSHOTS / f"{shot}-400px.png"), full_page=False)
+    finally:
+        context.close()
+    problems += [f"request left the machine (aborted): {u}" for u in remote]
+    assert not problems, f"{docname}:\n  " + "\n  ".join(dict.fromkeys(problems))
