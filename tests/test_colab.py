@@ -119,7 +119,16 @@ def test_setup_cells_install_the_release_of_their_own_version():
         assert want in "".join(setup_cell(json.loads(path.read_text()))["source"]), path.name
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def _pending(path):
+    from pending import COLAB_TRANSFORMERS_4
+
+    if path.parent.name == "book" and path.stem in COLAB_TRANSFORMERS_4:
+        return pytest.param(path, marks=pytest.mark.xfail(
+            strict=True, reason="fails on Colab's transformers 4.x: pending in tests/pending.py (issue 7)"))
+    return path
+
+
+@pytest.mark.parametrize("notebook", [_pending(p) for p in NOTEBOOKS], ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_notebook_runs_in_colab_from_its_own_setup_cell(colab, notebook):
     py = colab["py"]
     run([str(py), "-m", "pip", "uninstall", "--quiet", "--yes", "companion"])  # every notebook installs it itself
