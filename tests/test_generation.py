@@ -355,3 +355,22 @@ def test_padding_gives_the_logits_of_the_prompt_alone(models, padded_batch):
         generate(model, idx.flip(1), 3, attention_mask=mask.flip(1))
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         model(idx, attention_mask=mask[:, 1:])
+
+
+def test_next_token_explorer_is_a_widget_that_redraws():
+    import matplotlib.pyplot as plt
+
+    widgets = pytest.importorskip("ipywidgets")
+    from companion.generation import next_token_explorer
+
+    logits = torch.randn(9, generator=torch.Generator().manual_seed(0))
+    plt.close("all")
+    box = next_token_explorer(logits, list("abcdefghi"), show_top=9)
+    # a widget (displayed as such), not the function that ipywidgets.interact returns
+    assert isinstance(box, widgets.interactive) and not callable(box)
+    temperature, top_k, top_p, out = box.children
+    assert isinstance(out, widgets.Output) and (top_k.min, top_k.max, top_p.max) == (1, 9, 1.0)
+    top_k.value = 3  # each change draws one new figure with the new setting in its title
+    title = plt.figure(plt.get_fignums()[-1]).axes[0].get_title()
+    assert "top-k=3" in title and "3 tokens kept" in title
+    plt.close("all")

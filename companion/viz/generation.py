@@ -51,7 +51,12 @@ def plot_next_token_distribution(
 
 
 def next_token_explorer(logits: torch.Tensor, labels: list[str], *, show_top: int = 20):
-    """Sliders for temperature, top-k and top-p over one ``(V,)`` next-token distribution (needs ipywidgets)."""
+    """Sliders for temperature, top-k and top-p over one ``(V,)`` next-token distribution (needs ipywidgets).
+
+    Returns the widget (an ``ipywidgets.interactive``: the three sliders and an
+    output area that redraws on every change); a notebook displays it, and no
+    function repr is printed.
+    """
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
@@ -63,7 +68,7 @@ def next_token_explorer(logits: torch.Tensor, labels: list[str], *, show_top: in
                                      top_p=None if top_p >= 1.0 else top_p, show_top=show_top, ax=ax)
         plt.show()
 
-    return widgets.interact(
+    return widgets.interactive(
         show,
         temperature=widgets.FloatLogSlider(value=1.0, base=10, min=-1.3, max=0.7, step=0.05, description="temperature"),
         top_k=widgets.IntSlider(value=n, min=1, max=n, description="top-k"),
