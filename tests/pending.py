@@ -13,7 +13,6 @@ FIGURES_AND_CORRECTIONS = {
     "ch02_attention",
     "ch03_positional",
     "ch04_encoder_decoder",
-    "ch10_generation",
 }
 
 # Chapter notebooks that fail under Colab's older transformers 4.x (issue 7):
