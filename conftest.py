@@ -47,3 +47,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Hugging Face models are built from small random configs; nothing is fetched.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Submitted notebooks kept as grader fixtures (some loop forever on purpose) are
+# graded by tests/test_grading_hostile.py, never collected by nbval.
+collect_ignore_glob = ["tests/fixtures/*"]
