@@ -123,8 +123,10 @@ def _pending(path):
     from pending import COLAB_TRANSFORMERS_4
 
     if path.parent.name == "book" and path.stem in COLAB_TRANSFORMERS_4:
-        return pytest.param(path, marks=pytest.mark.xfail(
-            strict=True, reason="fails on Colab's transformers 4.x: pending in tests/pending.py (issue 7)"))
+        # skipped, not xfailed: ch03 hangs (not errors) under transformers 4.57, which would
+        # hold a worker for the runner's whole time limit
+        return pytest.param(path, marks=pytest.mark.skip(
+            reason="fails or hangs on Colab's transformers 4.x: pending in tests/pending.py (issue 7)"))
     return path
 
 
