@@ -139,6 +139,12 @@ _ACTIVATIONS = {
 }
 
 
+def _check_activation(activation: str) -> str:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    return activation
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: ``W2 act(W1 x + b1) + b2`` (Vaswani et al., eq. 2).
 
@@ -147,9 +153,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, activation: Activation = "relu", dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        self.activation = activation
+        self.activation = _check_activation(activation)
         self.up = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff), bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
         self.drop = nn.Dropout(check_probability("dropout", dropout))
@@ -168,9 +172,7 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, activation: Activation = "gelu_tanh", dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        self.activation = activation
+        self.activation = _check_activation(activation)
         self.gate = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff), bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
