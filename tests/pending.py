@@ -9,8 +9,6 @@ Remove a chapter from a set when its work lands.
 # Chapter notebooks whose figures still lack alt text and captions, and whose
 # seed corrections are not yet in the `Correction:` admonition format (issue 9).
 FIGURES_AND_CORRECTIONS = {
-    "ch01_why_transformers",
-    "ch02_attention",
     "ch03_positional",
     "ch04_encoder_decoder",
 }

@@ -53,29 +53,51 @@ def plot_attention(
     return ax
 
 
-def plot_heads(weights: torch.Tensor, tokens: Sequence[str], *, title: str = "attention weights per head", ncols: int = 4):
-    """One heat map per head for weights of shape ``(H, T, T)``; returns the figure."""
+def plot_heads(
+    weights: torch.Tensor,
+    tokens: Sequence[str],
+    *,
+    title: str = "attention weights per head",
+    ncols: int = 2,
+    fontsize: float = 9,
+    width: float = 7.0,
+):
+    """One heat map per head for weights of shape ``(H, T, T)``; returns the figure.
+
+    The grid has ``ncols`` columns and is ``width`` inches wide (the page width
+    of the book), so the token labels stay legible: label only the outer
+    panels, and keep ``T`` to a few dozen tokens.
+    """
     import matplotlib.pyplot as plt
 
     w = torch.as_tensor(weights).detach().float().cpu()
     if w.dim() != 3:
         raise ValueError(f"expected weights of shape (H, T, S), got {tuple(w.shape)}")
+    if w.shape[1] != len(tokens) or w.shape[2] != len(tokens):
+        raise ValueError(f"weights of shape {tuple(w.shape)} do not match {len(tokens)} tokens")
     h = w.shape[0]
     ncols = min(ncols, h)
     nrows = (h + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 3.0 * nrows), squeeze=False)
+    panel = width / ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, panel * nrows + 0.5), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
+    image = None
     for idx, ax in enumerate(axes.flat):
         if idx >= h:
             ax.axis("off")
             continue
-        ax.imshow(w[idx].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-        ax.set_title(f"head {idx}")
-        ax.set_xticks(range(len(tokens)), labels=list(tokens), rotation=90, fontsize=7)
-        ax.set_yticks(range(len(tokens)), labels=list(tokens), fontsize=7)
-        ax.set_xlabel("key")
-        ax.set_ylabel("query")
+        image = ax.imshow(w[idx].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"head {idx}", fontsize=fontsize + 1)
+        row, col = divmod(idx, ncols)
+        ax.set_xticks(range(len(tokens)), labels=list(tokens), fontsize=fontsize)
+        ax.set_yticks(range(len(tokens)), labels=list(tokens), fontsize=fontsize)
+        ax.tick_params(length=0)
+        if row == nrows - 1 or idx + ncols >= h:
+            ax.set_xlabel("key (attended to)", fontsize=fontsize + 1)
+        if col == 0:
+            ax.set_ylabel("query (attending)", fontsize=fontsize + 1)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label="weight")
     return fig
 
 
