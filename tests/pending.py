@@ -9,16 +9,12 @@ Remove a chapter from a set when its work lands.
 # Chapter notebooks whose figures still lack alt text and captions, and whose
 # seed corrections are not yet in the `Correction:` admonition format (issue 9).
 FIGURES_AND_CORRECTIONS = {
-    "ch03_positional",
-    "ch04_encoder_decoder",
 }
 
 # Chapter notebooks that fail under Colab's older transformers 4.x (issue 7):
-# ch03 (T5Attention.compute_bias takes other arguments), ch05 (a GPT2Block
-# returns a tuple in 4.x). They need a version guard
+# ch05 (a GPT2Block returns a tuple in 4.x). They need a version guard
 # that says "needs transformers>=5" instead of a traceback.
 COLAB_TRANSFORMERS_4 = {
-    "ch03_positional",
     "ch05_residuals_norm",
 }
 

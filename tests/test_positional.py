@@ -104,6 +104,20 @@ def test_bucket_structure_by_hand():
     assert bi.max().item() == 31 and bi.min().item() == 0
 
 
+@pytest.mark.parametrize("bidirectional,n_exact", [(False, 16), (True, 8)])
+def test_bucket_starts_follow_the_log_spacing(bidirectional, n_exact):
+    # T5's defaults (32 buckets, max distance 128): n_exact exact buckets per direction, then
+    # bucket n_exact + k starts at the first integer distance >= n_exact * (128 / n_exact) ** (k / n_exact)
+    # (Raffel et al. 2020, section 2.1; the Mesh TensorFlow formula), and 128 on is clamped to the last.
+    distance = torch.arange(0, 300)
+    b = relative_position_bucket(-distance, bidirectional=bidirectional, num_buckets=32, max_distance=128)
+    starts = [int(distance[b == k].min()) for k in sorted(set(b.tolist()))]
+    want = list(range(n_exact)) + [math.ceil(n_exact * (128 / n_exact) ** (k / n_exact)) for k in range(n_exact)]
+    assert starts == want
+    assert starts[-1] == (113 if not bidirectional else 91)  # 16 * 8 ** (15 / 16) = 112.4; 8 * 16 ** (7 / 8) = 90.5
+    assert (b[127:] == b[127]).all()
+
+
 @pytest.mark.parametrize("is_decoder", [False, True])
 def test_relative_bias_equals_hugging_face_compute_bias(is_decoder):
     transformers = pytest.importorskip("transformers")

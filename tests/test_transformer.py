@@ -304,3 +304,16 @@ def test_cross_attention_weights_are_rows_of_probabilities_even_from_a_training_
     assert model.training and len(weights) == 2  # mode restored; no dropout on the recorded weights
     for w in weights:
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4))
+
+
+def test_recorded_reverse_run_is_shipped_and_consistent():
+    # Chapter 4 quotes this recorded run (scripts/ch04_train_reverse.py) and checks its live run against it.
+    import json
+    from importlib import resources
+
+    rec = json.loads((resources.files("companion.checkpoints") / "ch04_reverse.json").read_text())
+    assert rec["config"]["train_steps"] == 1500 and rec["config"]["n_test"] == 2000
+    assert 0.99 <= rec["test_accuracy"] <= 1.0 and 0 < rec["final_eval_loss"] < 0.05
+    assert rec["step_99"] % 150 == 0 and 0 < rec["step_99"] <= 1500  # an evaluation step
+    assert len(rec["xattn_hit"]) == len(rec["xattn_weight"]) == 2  # two decoder layers
+    assert all(0 <= h <= 1 for h in rec["xattn_hit"] + rec["xattn_weight"]) and max(rec["xattn_hit"]) >= 0.8
