@@ -93,6 +93,16 @@ def _is_whitespace(ch: str) -> bool:
     return ch in " \t\n\r" or unicodedata.category(ch) in ("Zs", "Zl", "Zp")
 
 
+def _clean_char(ch: str, handle_chinese_chars: bool) -> str:
+    if ch in ("\x00", "\ufffd") or _is_control(ch):
+        return ""
+    if _is_whitespace(ch):
+        return " "
+    if handle_chinese_chars and is_cjk(ch):
+        return f" {ch} "
+    return ch
+
+
 def bert_normalize(text: str, *, lowercase: bool = True, strip_accents: bool | None = None,
                    handle_chinese_chars: bool = True) -> str:
     """BERT's normalization (Hugging Face ``BertNormalizer``): clean, space out CJK, strip accents, lower-case.
@@ -104,19 +114,12 @@ def bert_normalize(text: str, *, lowercase: bool = True, strip_accents: bool | N
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    out = []
-    for ch in text:
-        if ch in ("\x00", "\ufffd") or _is_control(ch):
-            continue
-        if _is_whitespace(ch):
-            out.append(" ")
-        elif handle_chinese_chars and is_cjk(ch):
-            out.append(f" {ch} ")
-        else:
-            out.append(ch)
-    text = "".join(out)
+    # Each character maps on its own, so decide once per distinct character and let str.translate
+    # apply the table (a per-character Python loop over the text is several times slower).
+    text = text.translate({ord(c): _clean_char(c, handle_chinese_chars) for c in set(text)})
     if strip_accents if strip_accents is not None else lowercase:
-        text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+        text = unicodedata.normalize("NFD", text)
+        text = text.translate({ord(c): None for c in set(text) if unicodedata.category(c) == "Mn"})
     return text.lower() if lowercase else text
 
 
@@ -128,20 +131,13 @@ def bert_pretokenize(text: str) -> list[str]:
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    words: list[str] = []
-    for chunk in "".join(" " if _is_whitespace(c) else c for c in text).split(" "):
-        current = ""
-        for ch in chunk:
-            if is_punctuation(ch):
-                if current:
-                    words.append(current)
-                words.append(ch)
-                current = ""
-            else:
-                current += ch
-        if current:
-            words.append(current)
-    return words
+    table = {}
+    for c in set(text):
+        if _is_whitespace(c):
+            table[ord(c)] = " "
+        elif is_punctuation(c):
+            table[ord(c)] = f" {c} "
+    return [w for w in text.translate(table).split(" ") if w]
 
 
 def wordpiece_encode_word(word: str, vocab: Mapping[str, int] | set[str], *, unk_token: str = "[UNK]",
