@@ -214,3 +214,13 @@ def test_errors(tmp_path):
         tok.decode([10_000])
     with pytest.raises(TypeError, match="str"):
         tok.tokenize(b"bytes")
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_trainer_equals_hf_on_accents_cjk_and_punctuation(lowercase):
+    text = "\n".join(PROBES * 3)
+    hf = _hf_train(text, 260, lowercase=lowercase)
+    ours = train_wordpiece(text, 260, tie_break=hf.get_vocab(), lowercase=lowercase)
+    assert ours.vocab == hf.get_vocab()
+    for s in PROBES:
+        assert ours.encode(s)["input_ids"] == [2] + hf.encode(s).ids + [3]  # [CLS] ... [SEP] around the pieces
