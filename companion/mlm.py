@@ -15,7 +15,10 @@ Two details differ between implementations; both are options here:
 
 * selection: each eligible position independently with probability 0.15
   (Hugging Face's ``DataCollatorForLanguageModeling``, a Bernoulli draw per
-  token) -- what :func:`mask_tokens` does;
+  token) -- what :func:`mask_tokens` does. Google's ``create_pretraining_data.py``
+  instead shuffles the candidate positions and takes exactly
+  ``min(max_predictions_per_seq, max(1, round(0.15 * len(tokens))))`` of them;
+  the expected fraction is the same;
 * random replacement: Hugging Face draws from the *whole* vocabulary
   (``torch.randint(len(tokenizer), ...)``, special tokens included), and so does
   Google's ``create_pretraining_data.py``; here the default draws from the
