@@ -8,8 +8,7 @@ Remove a chapter from a set when its work lands.
 
 # Chapter notebooks whose figures still lack alt text and captions, and whose
 # seed corrections are not yet in the `Correction:` admonition format (issue 9).
-FIGURES_AND_CORRECTIONS = {
-}
+FIGURES_AND_CORRECTIONS: set[str] = set()
 
 # Chapter notebooks that fail under Colab's older transformers 4.x (issue 7):
 # ch05 (a GPT2Block returns a tuple in 4.x). They need a version guard
