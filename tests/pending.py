@@ -16,12 +16,10 @@ FIGURES_AND_CORRECTIONS = {
 }
 
 # Chapter notebooks that fail under Colab's older transformers 4.x (issue 7):
-# ch03 (T5Attention.compute_bias takes other arguments), ch05 (a GPT2Block
-# returns a tuple in 4.x). They need a version guard
-# that says "needs transformers>=5" instead of a traceback.
+# ch03 (T5Attention.compute_bias takes other arguments). They need a version
+# guard that says "needs transformers>=5" instead of a traceback.
 COLAB_TRANSFORMERS_4 = {
     "ch03_positional",
-    "ch05_residuals_norm",
 }
 
 # Website pages that still fail the browser test (issue 9): the corrections

@@ -140,7 +140,7 @@ def test_notebook_runs_in_colab_from_its_own_setup_cell(colab, notebook):
     cell = setup_cell(nb)
     source = "".join(cell["source"])
     official = f"git+{nbtools.repository_url()}@"
-    assert source == nbtools.setup_source() and source.count(official) == 1, "run: python tools/notebooks.py sync"
+    assert source == nbtools.setup_source(nbtools.notebook_needs(nb)) and source.count(official) == 1, "run: python tools/notebooks.py sync"
     cell["source"] = source.replace(official, f"git+{colab['url']}@")  # only the host changes
 
     work = colab["tmp"] / f"{notebook.parent.name}-{notebook.stem}"
