@@ -22,7 +22,5 @@ COLAB_TRANSFORMERS_4 = {
     "ch03_positional",
 }
 
-# Website pages that still fail the browser test (issue 9): the corrections
-# appendix shows some collected inline math as raw TeX and is 478 px wide at
-# 400 px.
-BROWSER = {"corrections"}
+# Website pages that still fail the browser test (issue 9).
+BROWSER: set[str] = set()
