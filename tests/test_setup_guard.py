@@ -36,7 +36,8 @@ def _fake_transformers(tmp_path: Path, version: str) -> Path:
 def _notebook(needs: dict[str, str]):
     nb = nbformat.v4.new_notebook()
     nb.metadata["companion"] = {"needs": needs}
-    nb.cells = [nbformat.v4.new_code_cell(nbtools.setup_source(nbtools.notebook_needs(nb)), metadata={"tags": ["setup"]}),
+    setup = nbtools.setup_source(nbtools.notebook_needs(nb))
+    nb.cells = [nbformat.v4.new_code_cell(setup, metadata={"tags": ["setup"]}),
                 nbformat.v4.new_code_cell('print("second cell ran")')]
     return nb
 
