@@ -6,7 +6,6 @@ each is in brackets):
 * :mod:`companion.attention`: scaled dot-product and multi-head attention (2), with the
   extension points of later models: score bias, own head size, scale, grouped kv heads, cache
 * :mod:`companion.masks`: boolean attention masks, True = may attend (2, 6)
-* :mod:`companion.mask_viz`: drawing masks, the mask explorer widget (6)
 * :mod:`companion.recurrence`: the RNN loop, FLOP counts, path lengths, timings (1)
 * :mod:`companion.positional`: sinusoidal, learned, T5 buckets, RoPE, ALiBi (3)
 * :mod:`companion.blocks`: norms, (gated) feed-forward, the open pre/post-LN ``Block`` (4, 5)

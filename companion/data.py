@@ -60,15 +60,15 @@ def train_val_split(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch
 
 
 def random_batch(
-    ids: torch.Tensor, block_size: int, batch_size: int, generator: torch.Generator | None = None
+    ids: torch.Tensor, seq_len: int, batch_size: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows for next-token prediction: inputs ``(B, T)`` and targets shifted by one ``(B, T)``."""
-    check_positive_int("block_size", block_size)
+    check_positive_int("seq_len", seq_len)
     check_positive_int("batch_size", batch_size)
-    if len(ids) <= block_size:
-        raise ValueError(f"need more than block_size={block_size} ids, got {len(ids)}")
-    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
-    offsets = torch.arange(block_size)
+    if len(ids) <= seq_len:
+        raise ValueError(f"need more than seq_len={seq_len} ids, got {len(ids)}")
+    starts = torch.randint(len(ids) - seq_len, (batch_size,), generator=generator)
+    offsets = torch.arange(seq_len)
     x = ids[starts[:, None] + offsets]  # (B, T)
     y = ids[starts[:, None] + offsets + 1]  # (B, T)
     return x, y

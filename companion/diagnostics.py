@@ -45,7 +45,7 @@ Init = Literal["torch", "xavier"]
 @dataclass(frozen=True)
 class StackConfig:
     vocab_size: int  # V
-    block_size: int  # longest input T the position table holds
+    max_positions: int  # longest input T the position table holds
     n_layers: int = 6  # L
     d_model: int = 64  # D
     n_heads: int = 4  # H
@@ -56,7 +56,7 @@ class StackConfig:
     init: Init = "xavier"  # "xavier": N(0, 2/(fan_in+fan_out)) weights and zero biases; "torch": PyTorch defaults
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layers", "d_model", "n_heads", "d_ff"):
+        for name in ("vocab_size", "max_positions", "n_layers", "d_model", "n_heads", "d_ff"):
             check_positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
@@ -76,7 +76,7 @@ class StackLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.blocks = nn.ModuleList(
             TransformerBlock(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=cfg.norm_first, norm=cfg.norm)
             for _ in range(cfg.n_layers)
@@ -98,8 +98,8 @@ class StackLM(nn.Module):
         sc = ShapeChecker()
         sc.check("idx", idx, ("B", "T"))
         t = idx.shape[1]
-        if t > self.cfg.block_size:
-            raise ValueError(f"idx has length T={t}, longer than block_size={self.cfg.block_size}")
+        if t > self.cfg.max_positions:
+            raise ValueError(f"idx has length T={t}, longer than max_positions={self.cfg.max_positions}")
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))  # (B, T, D)
         mask = causal_mask(t, device=idx.device)  # (T, T)
         self.hidden = []
@@ -194,7 +194,7 @@ def warmup_run(
     model = StackLM(cfg)
     g_train = torch.Generator().manual_seed(seed)
     g_val = torch.Generator().manual_seed(10_000 + seed)
-    t = cfg.block_size
+    t = cfg.max_positions
     val = [random_batch(val_ids, t, 2 * batch_size, g_val) for _ in range(eval_batches)]
 
     def eval_fn(m: nn.Module) -> float:
@@ -218,13 +218,3 @@ def load_warmup_results() -> dict[str, object]:
     from .checkpoints import load_checkpoint
 
     return load_checkpoint(WARMUP_CHECKPOINT)
-
-
-# The figure and the widget of gradient profiles moved to companion.viz.gradients;
-# the names still resolve here, lazily (companion.viz imports this module).
-def __getattr__(name: str):
-    if name in ("plot_grad_profiles", "grad_profile_explorer"):
-        from .viz import gradients as _viz
-
-        return getattr(_viz, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -197,7 +197,7 @@ def new_cache(model: LanguageModel):
 
 def _max_positions(model: LanguageModel) -> int | None:
     limit = getattr(model, "max_positions", None)
-    return limit if limit is not None else getattr(_model_config(model), "block_size", None)
+    return limit if limit is not None else getattr(_model_config(model), "max_positions", None)
 
 
 def _check_prompt(model: LanguageModel, idx: torch.Tensor, max_new_tokens: int, attention_mask=None) -> None:
@@ -440,13 +440,3 @@ def beam_search(
         sequences[i, : len(t)] = t
     scores = torch.tensor([s for s, _ in best])
     return BeamSearchOutput(sequences=sequences, scores=scores, lengths=lengths)
-
-
-# The figure and the widget of this chapter moved to companion.viz.generation;
-# the names still resolve here, lazily (companion.viz imports this module).
-def __getattr__(name: str):
-    if name in ("plot_next_token_distribution", "next_token_explorer"):
-        from .viz import generation as _viz
-
-        return getattr(_viz, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

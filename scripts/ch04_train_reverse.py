@@ -42,7 +42,7 @@ def main() -> None:
     torch.set_num_threads(1)
     seed_everything(0)
     cfg = TransformerConfig(vocab_size=VOCAB_SIZE, d_model=64, n_heads=4, d_ff=256,
-                            n_encoder_layers=2, n_decoder_layers=2, max_len=32, dropout=0.0)
+                            n_encoder_layers=2, n_decoder_layers=2, max_positions=32, dropout=0.0)
     model = Transformer(cfg)
     monitor = heldout_set(300, max_len=MAX_LEN, seed=99)
     final_test = heldout_set(2000, max_len=MAX_LEN, seed=1234)

@@ -24,7 +24,7 @@ import torch
 from companion.data import CharTokenizer, load_pydoc_text, train_val_split
 from companion.diagnostics import StackConfig, warmup_run
 
-SETTINGS = dict(d_model=64, n_heads=4, d_ff=256, block_size=64)
+SETTINGS = dict(d_model=64, n_heads=4, d_ff=256, max_positions=64)
 RUN = dict(steps=200, lr=3e-3, batch_size=16, eval_every=25, eval_batches=4)
 WARMUP = 50
 

@@ -25,7 +25,7 @@ from companion.models.gpt import GPT, GPTConfig, count_parameters, evaluate_lm, 
 from companion.training import TrainConfig, train
 
 # The shipped run. Sizes follow the chapter: 4 pre-LN blocks of width 128 (0.8M parameters).
-MODEL = dict(block_size=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0)
+MODEL = dict(max_positions=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0)
 BATCH_SIZE = 32
 # lr 5e-3 reached 1.334 nats/char in 620 steps where lr 2e-3 needed 800 steps for 1.351 and
 # lr 3e-3 gave 1.410 (same seed, 1 thread each): the peak learning rate, not the step count,
@@ -60,11 +60,11 @@ def main() -> None:
     gen = torch.Generator().manual_seed(SEED)
     start = time.perf_counter()
     hist = train(
-        model, lm_loss, lambda step: random_batch(train_ids, cfg.block_size, args.batch_size, gen), tcfg,
-        eval_fn=lambda m: evaluate_lm(m, val_ids, cfg.block_size), desc="tiny GPT",
+        model, lm_loss, lambda step: random_batch(train_ids, cfg.max_positions, args.batch_size, gen), tcfg,
+        eval_fn=lambda m: evaluate_lm(m, val_ids, cfg.max_positions), desc="tiny GPT",
     )
     wall = time.perf_counter() - start
-    val = evaluate_lm(model, val_ids, cfg.block_size)
+    val = evaluate_lm(model, val_ids, cfg.max_positions)
     ckpt = {
         "config": dataclasses.asdict(cfg),
         "state_dict": model.state_dict(),

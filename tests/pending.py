@@ -10,14 +10,11 @@ Remove a chapter from a set when its work lands.
 # seed corrections are not yet in the `Correction:` admonition format (issue 9).
 FIGURES_AND_CORRECTIONS: set[str] = set()
 
-# Chapter notebooks that fail under Colab's older transformers 4.x (issue 7):
-# ch05 (a GPT2Block returns a tuple in 4.x). They need a version guard
-# that says "needs transformers>=5" instead of a traceback.
-COLAB_TRANSFORMERS_4 = {
-    "ch05_residuals_norm",
-}
+# Chapter notebooks that fail under Colab's older transformers 4.x (issue 7).
+# None do now; a notebook that truly needs a newer transformers declares it in
+# its metadata ("companion": {"needs": {"transformers": ">=5"}}) and stops with
+# a one-line message (see CONTRIBUTING), so it is not listed here.
+COLAB_TRANSFORMERS_4: set[str] = set()
 
-# Website pages that still fail the browser test (issue 9): the corrections
-# appendix shows some collected inline math as raw TeX and is 478 px wide at
-# 400 px.
-BROWSER = {"corrections"}
+# Website pages that still fail the browser test (issue 9).
+BROWSER: set[str] = set()

@@ -97,6 +97,17 @@ def correction_admonitions():
     return [(nb, name, body) for nb, _, classes, name, body in admonitions() if "correction" in classes]
 
 
+def test_no_two_corrections_share_a_title():
+    """One correction per claim (issue 9): a chapter that meets a claim corrected elsewhere refers to it."""
+    seen = {}
+    for notebook, title, classes, name, _ in admonitions():
+        if "correction" not in classes:
+            continue
+        claim = re.sub(r"\W+", " ", title.lower()).strip()
+        assert claim not in seen, f"{notebook} ({name}) repeats the correction {title!r} of {seen[claim]}: use {{ref}}"
+        seen[claim] = f"{notebook} ({name})"
+
+
 def test_every_correction_has_the_class_a_name_and_the_four_fields():
     from pending import FIGURES_AND_CORRECTIONS
 

@@ -9,10 +9,9 @@ from companion.diagnostics import (
     StackLM,
     block_grad_norms,
     grad_profile,
-    grad_profile_explorer,
     lm_loss,
-    plot_grad_profiles,
 )
+from companion.viz import grad_profile_explorer, plot_grad_profiles
 
 V, T = 11, 7
 
@@ -24,7 +23,7 @@ def batch(b=3, t=T, seed=0):
 
 
 def cfg(**kw):
-    base = dict(vocab_size=V, block_size=13, n_layers=3, d_model=12, n_heads=3, d_ff=29)
+    base = dict(vocab_size=V, max_positions=13, n_layers=3, d_model=12, n_heads=3, d_ff=29)
     return StackConfig(**{**base, **kw})
 
 
@@ -117,7 +116,7 @@ def test_config_errors():
         cfg(init="he")
     with pytest.raises(TypeError, match="n_layers must be a positive int"):
         cfg(n_layers=2.0)
-    with pytest.raises(ValueError, match="longer than block_size"):
+    with pytest.raises(ValueError, match="longer than max_positions"):
         StackLM(cfg())(torch.zeros(1, 14, dtype=torch.long))
 
 

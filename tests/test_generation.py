@@ -284,7 +284,7 @@ def test_cache_bytes_match_the_formula(models, dtype, size):
 def test_generate_checks_its_arguments(models, prompt):
     _, model = models
     with pytest.raises(ValueError):
-        generate(model, prompt, 60)  # 7 + 60 > block_size 64
+        generate(model, prompt, 60)  # 7 + 60 > max_positions 64
     with pytest.raises(TypeError):
         generate(model, prompt.float(), 3)
     with pytest.raises(ValueError):
@@ -361,7 +361,7 @@ def test_next_token_explorer_is_a_widget_that_redraws():
     import matplotlib.pyplot as plt
 
     widgets = pytest.importorskip("ipywidgets")
-    from companion.generation import next_token_explorer
+    from companion.viz import next_token_explorer
 
     logits = torch.randn(9, generator=torch.Generator().manual_seed(0))
     plt.close("all")

@@ -90,7 +90,7 @@ def test_greedy_continuation_equals_hf_generate():
 
 def test_cached_logits_equal_full_recomputation():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=53, block_size=24, d_model=24, n_layers=3, n_heads=3)).eval()
+    model = GPT(GPTConfig(vocab_size=53, max_positions=24, d_model=24, n_layers=3, n_heads=3)).eval()
     idx = torch.randint(0, 53, (2, 13))
     with torch.no_grad():
         full = model(idx)  # (B, 13, V)
@@ -104,7 +104,7 @@ def test_cached_logits_equal_full_recomputation():
 
 def test_post_ln_cached_equals_full():
     torch.manual_seed(1)
-    cfg = dataclasses.replace(GPT1, vocab_size=31, block_size=16, d_model=16, n_layers=2, n_heads=2)
+    cfg = dataclasses.replace(GPT1, vocab_size=31, max_positions=16, d_model=16, n_layers=2, n_heads=2)
     model = GPT(cfg).eval()
     idx = torch.randint(0, 31, (1, 9))
     with torch.no_grad():
@@ -115,7 +115,7 @@ def test_post_ln_cached_equals_full():
 
 def test_causality_future_tokens_do_not_change_past_logits():
     torch.manual_seed(2)
-    model = GPT(GPTConfig(vocab_size=17, block_size=16, d_model=16, n_layers=2, n_heads=4)).eval()
+    model = GPT(GPTConfig(vocab_size=17, max_positions=16, d_model=16, n_layers=2, n_heads=4)).eval()
     a = torch.randint(0, 17, (1, 11))
     b = a.clone()
     b[0, 6:] = (b[0, 6:] + 1) % 17
@@ -125,15 +125,15 @@ def test_causality_future_tokens_do_not_change_past_logits():
 
 def test_errors():
     with pytest.raises(ValueError, match="divisible"):
-        GPTConfig(vocab_size=10, block_size=8, d_model=10, n_layers=1, n_heads=3)
+        GPTConfig(vocab_size=10, max_positions=8, d_model=10, n_layers=1, n_heads=3)
     with pytest.raises(ValueError, match="activation"):
-        GPTConfig(vocab_size=10, block_size=8, d_model=8, n_layers=1, n_heads=2, activation="swish")
-    model = GPT(GPTConfig(vocab_size=10, block_size=8, d_model=8, n_layers=1, n_heads=2))
-    with pytest.raises(ValueError, match="block_size"):
+        GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2, activation="swish")
+    model = GPT(GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2))
+    with pytest.raises(ValueError, match="max_positions"):
         model(torch.zeros(1, 9, dtype=torch.long))
     cache = KVCache(1)
     model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="max_positions"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
     with pytest.raises(TypeError, match="long"):
         model(torch.zeros(1, 3))
@@ -142,7 +142,7 @@ def test_errors():
 
 
 def test_tied_embeddings_share_storage():
-    model = GPT(GPTConfig(vocab_size=10, block_size=8, d_model=8, n_layers=1, n_heads=2))
+    model = GPT(GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2))
     assert model.lm_head.weight is model.wte.weight
 
 
@@ -180,11 +180,25 @@ def test_shipped_checkpoint_loads_and_meets_the_chapter_goal():
     tok = CharTokenizer(text)
     assert tok.chars == ckpt["chars"]
     _, val_ids = train_val_split(tok.encode(text), ckpt["val_fraction"])
-    loss = evaluate_lm(model, val_ids, cfg.block_size)
+    loss = evaluate_lm(model, val_ids, cfg.max_positions)
     assert loss <= 1.40  # the chapter's goal, in nats per character
     assert abs(loss - ckpt["val_loss"]) < 1e-3  # the figure the training script recorded
     with pytest.raises(FileNotFoundError, match="shipped"):
         load_checkpoint("no_such_checkpoint")
+
+
+def test_shipped_configs_use_the_course_names():
+    """Configs stored in checkpoints build today's configs (CONTRIBUTING, "Names"): no retired keys."""
+    from companion.checkpoints import load_checkpoint
+    from companion.diagnostics import StackConfig
+
+    retired = {"block_size", "layer_norm_eps", "max_len", "n_positions", "layer_norm_epsilon"}
+    gpt = load_checkpoint("ch09_tiny_gpt")["config"]
+    assert not retired & set(gpt)
+    assert GPTConfig(**gpt).max_positions == 128  # scripts/ch09_train_gpt.py trains on 128-character windows
+    settings = load_checkpoint("ch05_warmup")["settings"]
+    assert not retired & set(settings)
+    assert StackConfig(vocab_size=11, n_layers=2, **settings).max_positions == 64
 
 
 # ---------------------------------------------------------------- the loader helper

@@ -26,7 +26,7 @@ def test_append_concatenates_along_time():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_nbytes_matches_formula_after_model_forward(dtype):
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=31, block_size=32, d_model=24, n_layers=3, n_heads=4)
+    cfg = GPTConfig(vocab_size=31, max_positions=32, d_model=24, n_layers=3, n_heads=4)
     model = GPT(cfg).eval().to(dtype)
     cache = KVCache(cfg.n_layers)
     with torch.no_grad():

@@ -35,12 +35,12 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
     from companion.models.transformer import Transformer, TransformerConfig
 
     models = [
-        GPT(GPTConfig(vocab_size=11, block_size=8, d_model=8, n_layers=2, n_heads=2)),
+        GPT(GPTConfig(vocab_size=11, max_positions=8, d_model=8, n_layers=2, n_heads=2)),
         Transformer(TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
-                                      n_decoder_layers=1, max_len=8)),
+                                      n_decoder_layers=1, max_positions=8)),
         *(PositionLM(PositionLMConfig(vocab_size=11, position=p, d_model=8, n_heads=2, d_ff=16))
           for p in ("none", "t5", "rope", "alibi")),
-        StackLM(StackConfig(vocab_size=11, block_size=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
+        StackLM(StackConfig(vocab_size=11, max_positions=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
     ]
     for model in models:
         blocks = [m for m in model.modules() if isinstance(m, Block)]
@@ -51,3 +51,39 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
                   and not isinstance(m, MultiHeadAttention)]
         assert not others, (type(model).__name__, others)
     assert torch.is_tensor(models[0](torch.zeros(1, 3, dtype=torch.long)))
+
+
+def test_moved_names_have_no_old_import_paths():
+    """Issue 8: names live in one place; the re-exports kept for old notebooks are gone."""
+    import importlib
+
+    import companion.diagnostics
+    import companion.generation
+    import companion.models.position_lm
+
+    assert not (PACKAGE / "mask_viz.py").exists()  # now companion.viz.masks
+    for module, names in [
+        (companion.models.position_lm, ["ExperimentConfig", "make_data", "train_position_lm", "evaluate_lengths",
+                                        "load_extrapolation_results", "load_position_lm"]),  # companion.experiments
+        (companion.generation, ["plot_next_token_distribution", "next_token_explorer"]),  # companion.viz
+        (companion.diagnostics, ["plot_grad_profiles", "grad_profile_explorer"]),  # companion.viz
+    ]:
+        for name in names:
+            assert not hasattr(module, name), f"{module.__name__}.{name} should only be importable from its new home"
+    viz = importlib.import_module("companion.viz")
+    assert all(hasattr(viz, n) for n in ["plot_next_token_distribution", "plot_grad_profiles", "plot_masks"])
+
+
+def test_configs_use_the_course_names_only():
+    """CONTRIBUTING, "Names": no retired field or alias on the model configs."""
+    import dataclasses
+
+    from companion.diagnostics import StackConfig
+    from companion.models.gpt import GPTConfig
+    from companion.models.transformer import TransformerConfig
+
+    retired = {"block_size", "layer_norm_eps", "max_len", "n_positions", "layer_norm_epsilon", "n_embd", "n_head"}
+    for config in (GPTConfig, TransformerConfig, StackConfig):
+        fields = {f.name for f in dataclasses.fields(config)}
+        assert "max_positions" in fields
+        assert not retired & (fields | set(vars(config))), config.__name__

@@ -1,4 +1,4 @@
-"""companion.mask_viz: the family masks against hand-written patterns; the plots and the widget build."""
+"""companion.viz.masks: the family masks against hand-written patterns; the plots and the widget build."""
 
 import matplotlib
 
@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from companion.mask_viz import FAMILIES, family_mask, mask_explorer, plot_mask, plot_masks
+from companion.viz.masks import FAMILIES, family_mask, mask_explorer, plot_mask, plot_masks
 
 
 def _hand(t, rule):

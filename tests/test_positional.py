@@ -294,7 +294,7 @@ def test_nope_sees_order_through_the_causal_mask_with_two_layers():
 
 
 def test_shipped_results_and_weights_agree():
-    from companion.models import position_lm
+    from companion.experiments import extrapolation as position_lm
 
     results = position_lm.load_extrapolation_results()
     assert set(results["loss"]) == set(POSITION_SCHEMES)

@@ -101,7 +101,7 @@ def test_decoder_block_from_torch_rejects_pre_ln_and_gelu():
 def _small_model(seed=0, **kw):
     torch.manual_seed(seed)
     cfg = TransformerConfig(vocab_size=17, d_model=D, n_heads=H, d_ff=F_FF, n_encoder_layers=2,
-                            n_decoder_layers=2, max_len=32, dropout=0.0, **kw)
+                            n_decoder_layers=2, max_positions=32, dropout=0.0, **kw)
     return Transformer(cfg).eval()
 
 
@@ -232,7 +232,7 @@ def test_config_and_input_checks():
     model = _small_model()
     with pytest.raises(ValueError, match="ids must lie"):
         model(torch.tensor([[1, 17]]), torch.tensor([[1]]))
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 33, dtype=torch.long), torch.tensor([[1]]))
     with pytest.raises(TypeError):
         model(torch.ones(1, 3), torch.tensor([[1]]))
@@ -298,7 +298,7 @@ def test_cross_attention_weights_are_rows_of_probabilities_even_from_a_training_
     from companion.models.transformer import cross_attention_weights
 
     model = Transformer(TransformerConfig(vocab_size=17, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
-                                          n_decoder_layers=2, max_len=16, dropout=0.5)).train()
+                                          n_decoder_layers=2, max_positions=16, dropout=0.5)).train()
     src = torch.randint(3, 17, (2, 6))
     weights = cross_attention_weights(model, src, torch.randint(3, 17, (2, 4)))
     assert model.training and len(weights) == 2  # mode restored; no dropout on the recorded weights

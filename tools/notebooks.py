@@ -63,8 +63,53 @@ def install_requirement(url: str | None = None) -> str:
     return f"git+{url or repository_url()}@{release_tag()}"
 
 
-def setup_source() -> str:
-    return SETUP_TEMPLATE.format(requirement=install_requirement())
+# Appended to the setup cell of a notebook whose metadata says it needs a newer
+# release of a package than Colab may have, e.g.
+#     "metadata": {"companion": {"needs": {"transformers": ">=5"}}}
+# Too old (or missing): one line saying what is needed, what is installed and how
+# to upgrade, then the run stops (an IPython handler shows the line, no traceback).
+GUARD_TEMPLATE = '''
+
+# This notebook needs {package}{spec}, newer than some Colab images ship.
+import re
+from importlib.metadata import PackageNotFoundError, version
+
+
+class NeedsNewerPackage(Exception):
+    """Stops "Run all" with one line of explanation instead of a traceback."""
+
+
+try:
+    have = version("{package}")
+except PackageNotFoundError:
+    have = None
+if have is None or tuple(map(int, re.findall(r"\\d+", have)[:{n}])) < {minimum}:
+    installed = "no {package} is installed" if have is None else f"{package} {{have}} is installed"
+    message = (f"This notebook needs {package}{spec}, but {{installed}}: run "
+               "`pip install -U {package}` in a cell, then restart the runtime and run the notebook again.")
+    if "get_ipython" not in globals():
+        raise SystemExit(message)
+    get_ipython().set_custom_exc((NeedsNewerPackage,), lambda shell, etype, value, tb, tb_offset=None: print(value))
+    raise NeedsNewerPackage(message)'''
+
+
+def notebook_needs(nb: dict) -> dict[str, str]:
+    """The notebook's minimum package versions: ``metadata.companion.needs``, e.g. ``{"transformers": ">=5"}``."""
+    needs = nb.get("metadata", {}).get("companion", {}).get("needs", {})
+    for package, spec in needs.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", package) or not re.fullmatch(r">=\d+(\.\d+)?", spec):
+            raise ValueError(f"metadata.companion.needs: expected {{package: '>=MAJOR' or '>=MAJOR.MINOR'}}, "
+                             f"got {package!r}: {spec!r}")
+    return needs
+
+
+def setup_source(needs: dict[str, str] | None = None) -> str:
+    """The setup cell: install ``companion`` if missing, then one guard per entry of ``needs``."""
+    source = SETUP_TEMPLATE.format(requirement=install_requirement())
+    for package, spec in (needs or {}).items():
+        minimum = tuple(int(p) for p in spec[2:].split("."))
+        source += GUARD_TEMPLATE.format(package=package, spec=spec, minimum=minimum, n=len(minimum))
+    return source
 
 
 def _notebooks() -> list[Path]:
@@ -73,10 +118,10 @@ def _notebooks() -> list[Path]:
 
 def sync_setup_cells(check: bool = False) -> list[Path]:
     """Rewrite the setup cell of every notebook; return those that changed (or would)."""
-    want = setup_source()
     changed = []
     for path in _notebooks():
         nb = json.loads(path.read_text(encoding="utf-8"))
+        want = setup_source(notebook_needs(nb))
         setup = [c for c in nb["cells"] if "setup" in c.get("metadata", {}).get("tags", [])]
         if len(setup) != 1 or setup[0]["cell_type"] != "code":
             raise ValueError(f"{path.relative_to(ROOT)} needs exactly one code cell tagged 'setup', found {len(setup)}")

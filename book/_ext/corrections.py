@@ -127,6 +127,10 @@ def fill(app, doctree, fromdocname):
             # Resolve {cite}, {numref}, {doc} in the appendix's context.
             env.resolve_references(box, fromdocname, app.builder)
             content.append(box)
+        if any(next(iter(box.findall(nodes.math)), None) is not None for box in content):
+            # Sphinx loads MathJax only on pages that had math when they were read;
+            # this page's math arrives now, copied from the chapters.
+            env.get_domain("math").data["has_equations"][fromdocname] = True
         placeholder.replace_self(content)
 
 

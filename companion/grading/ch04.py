@@ -266,7 +266,7 @@ def _greedy_budget(student):
 def _greedy_real_model(student):
     torch.manual_seed(7)
     cfg = TransformerConfig(vocab_size=11, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
-                            n_decoder_layers=2, max_len=16, dropout=0.3)
+                            n_decoder_layers=2, max_positions=16, dropout=0.3)
     model = Transformer(cfg).train()  # dropout on: your loop must switch it off
     src = torch.randint(3, 11, (3, 5))
     want = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_new_tokens=6)

@@ -183,7 +183,7 @@ def _count_case(student, cfg: GPTConfig):
     expect_true(got == want, f"for {cfg} expected {want:,} parameters, got {got:,} (off by {got - want:+,})")
 
 
-_SMALL = GPTConfig(vocab_size=101, block_size=17, d_model=24, n_layers=3, n_heads=4)
+_SMALL = GPTConfig(vocab_size=101, max_positions=17, d_model=24, n_layers=3, n_heads=4)
 
 register(Exercise(
     id="9.4",
@@ -195,6 +195,6 @@ register(Exercise(
         Case("d_ff different from 4 * d_model", 1, lambda s: _count_case(s, dataclasses.replace(_SMALL, d_ff=50))),
         Case("untied output layer", 1, lambda s: _count_case(s, dataclasses.replace(_SMALL, tie_embeddings=False))),
         Case("GPT-1 style: no final LayerNorm", 1, lambda s: _count_case(s, dataclasses.replace(_SMALL, norm_first=False, final_norm=False))),
-        Case("GPT-2 XL", 1, lambda s: _count_case(s, GPTConfig(vocab_size=50257, block_size=1024, d_model=1600, n_layers=48, n_heads=25)), timeout=30.0),
+        Case("GPT-2 XL", 1, lambda s: _count_case(s, GPTConfig(vocab_size=50257, max_positions=1024, d_model=1600, n_layers=48, n_heads=25)), timeout=30.0),
     ),
 ))

@@ -40,7 +40,7 @@ _ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int  # V, number of token ids
-    block_size: int  # maximum number of positions (learned position embeddings)
+    max_positions: int  # maximum number of positions (learned position embeddings)
     d_model: int  # D, width of the residual stream
     n_layers: int  # number of decoder blocks
     n_heads: int  # H, attention heads per block; d_head = d_model // n_heads
@@ -51,10 +51,10 @@ class GPTConfig:
     tie_embeddings: bool = True  # output projection shares the token-embedding matrix
     dropout: float = 0.0  # on embeddings, attention weights and residual branches
     bias: bool = True  # biases in linear layers and LayerNorms
-    layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm
+    norm_eps: float = 1e-5  # epsilon of every LayerNorm
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "d_model", "n_layers", "n_heads"):
+        for name in ("vocab_size", "max_positions", "d_model", "n_layers", "n_heads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -65,22 +65,12 @@ class GPTConfig:
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
         check_probability("dropout", self.dropout)
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
-
-    @property
-    def max_positions(self) -> int:
-        """The course's name (CONTRIBUTING, "Names") for ``block_size``."""
-        return self.block_size
-
-    @property
-    def norm_eps(self) -> float:
-        """The course's name for ``layer_norm_eps``."""
-        return self.layer_norm_eps
 
     @property
     def ff_size(self) -> int:
@@ -93,16 +83,16 @@ class GPTConfig:
 # 512 positions, 40,000 BPE merges (HF openai-gpt vocabulary: 40,478). Post-LN, no final norm.
 # GELU in its tanh approximation: the original TensorFlow code defines gelu that way, and HF's
 # modeling_openai maps its afn="gelu" to gelu_new (tanh), not to the exact erf GELU.
-GPT1 = GPTConfig(vocab_size=40478, block_size=512, d_model=768, n_layers=12, n_heads=12,
+GPT1 = GPTConfig(vocab_size=40478, max_positions=512, d_model=768, n_layers=12, n_heads=12,
                  norm_first=False, final_norm=False, activation="gelu_tanh")
 # GPT-2: Radford et al. (2019), table 2 and the released checkpoints (vocab 50,257, 1,024 positions).
-GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, d_model=768, n_layers=12, n_heads=12)
-GPT2_MEDIUM = GPTConfig(vocab_size=50257, block_size=1024, d_model=1024, n_layers=24, n_heads=16)
-GPT2_LARGE = GPTConfig(vocab_size=50257, block_size=1024, d_model=1280, n_layers=36, n_heads=20)
-GPT2_XL = GPTConfig(vocab_size=50257, block_size=1024, d_model=1600, n_layers=48, n_heads=25)
+GPT2_SMALL = GPTConfig(vocab_size=50257, max_positions=1024, d_model=768, n_layers=12, n_heads=12)
+GPT2_MEDIUM = GPTConfig(vocab_size=50257, max_positions=1024, d_model=1024, n_layers=24, n_heads=16)
+GPT2_LARGE = GPTConfig(vocab_size=50257, max_positions=1024, d_model=1280, n_layers=36, n_heads=20)
+GPT2_XL = GPTConfig(vocab_size=50257, max_positions=1024, d_model=1600, n_layers=48, n_heads=25)
 # GPT-3 175B: Brown et al. (2020), table 2.1: 96 layers, d_model 12,288, 96 heads of 128, 2,048 context.
 # (GPT-3 also alternates dense and locally banded sparse attention; that changes no parameter.)
-GPT3_175B = GPTConfig(vocab_size=50257, block_size=2048, d_model=12288, n_layers=96, n_heads=96)
+GPT3_175B = GPTConfig(vocab_size=50257, max_positions=2048, d_model=12288, n_layers=96, n_heads=96)
 
 
 class GPTBlock(Block):
@@ -115,9 +105,9 @@ class GPTBlock(Block):
 
     def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
         # Creation order norm1, attention, norm2, FFN: the order GPT's seeded initialisation was written with.
-        norm1 = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+        norm1 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
         attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.dropout, layer_idx=layer_idx)
-        norm2 = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps, cfg.bias)
+        norm2 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
         ffn = FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
         super().__init__(attn, ffn, norm1, norm2, norm_first=cfg.norm_first, dropout=cfg.dropout)
 
@@ -153,10 +143,10 @@ class GPT(nn.Module):
             raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # token embedding (V, D)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.d_model)  # learned position embedding
+        self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)  # learned position embedding
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(GPTBlock(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = make_norm("layernorm", cfg.d_model, cfg.layer_norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
+        self.ln_f = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # one (V, D) matrix used twice
@@ -169,8 +159,8 @@ class GPT(nn.Module):
 
     @property
     def max_positions(self) -> int:
-        """Longest sequence the learned position table covers (``cfg.block_size``)."""
-        return self.cfg.block_size
+        """Longest sequence the learned position table covers (``cfg.max_positions``)."""
+        return self.cfg.max_positions
 
     def new_cache(self) -> KVCache:
         """An empty cache with one slot per block (what :func:`companion.generation.generate` asks for)."""
@@ -204,9 +194,9 @@ class GPT(nn.Module):
                 raise ValueError(f"cache has {cache.n_layers} layers, the model {self.cfg.n_layers}")
         b, t = idx.shape
         start = 0 if cache is None else cache.length
-        if start + t > self.cfg.block_size:
+        if start + t > self.cfg.max_positions:
             raise ValueError(
-                f"positions {start}..{start + t - 1} exceed block_size={self.cfg.block_size}: "
+                f"positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}: "
                 f"{start} cached + {t} new tokens; crop the context"
             )
         if attention_mask is None:
@@ -241,7 +231,7 @@ def gpt_param_formula(cfg: GPTConfig) -> int:
     attention ``4 D^2 + 4 b D``; FFN ``2 D F + b (F + D)``; two LayerNorms ``2 (1 + b) D``.
     Plus embeddings ``V D + P D``, a final LayerNorm ``(1 + b) D`` and, if untied, a head ``V D``.
     """
-    d, f, v, p, n = cfg.d_model, cfg.ff_size, cfg.vocab_size, cfg.block_size, cfg.n_layers
+    d, f, v, p, n = cfg.d_model, cfg.ff_size, cfg.vocab_size, cfg.max_positions, cfg.n_layers
     b = 1 if cfg.bias else 0
     ln = (1 + b) * d
     block = (4 * d * d + 4 * b * d) + (2 * d * f + b * (f + d)) + 2 * ln
@@ -270,13 +260,13 @@ def config_from_hf(hf_config) -> GPTConfig:
         raise ValueError("only GPT-2 configs with the standard 1/sqrt(d_head) attention scale are supported")
     # getattr with GPT2Config's defaults: a saved config.json may leave defaults out.
     return GPTConfig(
-        vocab_size=getattr(hf_config, "vocab_size", 50257), block_size=getattr(hf_config, "n_positions", 1024),
+        vocab_size=getattr(hf_config, "vocab_size", 50257), max_positions=getattr(hf_config, "n_positions", 1024),
         d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
         n_heads=getattr(hf_config, "n_head", 12), d_ff=getattr(hf_config, "n_inner", None),
         norm_first=True, final_norm=True,
         activation=_activation_from_hf(getattr(hf_config, "activation_function", "gelu_new")),
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
-        layer_norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
+        norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
 
 
@@ -330,11 +320,11 @@ def config_from_hf_openai(hf_config) -> GPTConfig:
     if afn not in _HF_OPENAI_ACT:
         raise ValueError(f"unsupported openai-gpt activation {afn!r}; expected one of {sorted(_HF_OPENAI_ACT)}")
     return GPTConfig(
-        vocab_size=getattr(hf_config, "vocab_size", 40478), block_size=getattr(hf_config, "n_positions", 512),
+        vocab_size=getattr(hf_config, "vocab_size", 40478), max_positions=getattr(hf_config, "n_positions", 512),
         d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
         n_heads=getattr(hf_config, "n_head", 12), norm_first=False, final_norm=False,
         activation=_HF_OPENAI_ACT[afn], tie_embeddings=True,
-        layer_norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
+        norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
 
 
@@ -352,21 +342,21 @@ def from_hf_openai_gpt(source) -> GPT:
 
 
 @torch.no_grad()
-def evaluate_lm(model: nn.Module, ids: torch.Tensor, block_size: int, batch_size: int = 64) -> float:
-    """Deterministic held-out loss: mean cross-entropy over non-overlapping windows of ``block_size + 1`` ids.
+def evaluate_lm(model: nn.Module, ids: torch.Tensor, seq_len: int, batch_size: int = 64) -> float:
+    """Deterministic held-out loss: mean cross-entropy over non-overlapping windows of ``seq_len + 1`` ids.
 
     Every id after the first of each window is predicted once, from the ids before
-    it in its window (between 0 and ``block_size - 1`` of context).
+    it in its window (between 0 and ``seq_len - 1`` of context).
     """
-    if ids.dim() != 1 or len(ids) < block_size + 1:
-        raise ValueError(f"ids must be 1-D with more than block_size={block_size} ids, got shape {tuple(ids.shape)}")
+    if ids.dim() != 1 or len(ids) < seq_len + 1:
+        raise ValueError(f"ids must be 1-D with more than seq_len={seq_len} ids, got shape {tuple(ids.shape)}")
     was_training = model.training
     model.eval()
-    n = (len(ids) - 1) // block_size
-    x = ids[: n * block_size].view(n, block_size)  # (N, T)
-    y = ids[1 : n * block_size + 1].view(n, block_size)  # (N, T)
+    n = (len(ids) - 1) // seq_len
+    x = ids[: n * seq_len].view(n, seq_len)  # (N, T)
+    y = ids[1 : n * seq_len + 1].view(n, seq_len)  # (N, T)
     total = 0.0
     for i in range(0, n, batch_size):
         total += lm_loss(model, (x[i : i + batch_size], y[i : i + batch_size]), reduction="sum").item()
     model.train(was_training)
-    return total / (n * block_size)
+    return total / (n * seq_len)

@@ -123,17 +123,3 @@ class PositionLM(nn.Module):
         for block in self.blocks:
             x = block(x, bias=bias, is_causal=True, rope=rope)  # the attention adds bias, then masks
         return self.head(self.norm(x))  # (B, T, V)
-
-
-# The Chapter 3 experiment moved to companion.experiments.extrapolation; these names
-# still resolve here (lazily, so the model module never imports the experiment).
-_MOVED = ("ExperimentConfig", "ExtrapolationData", "make_data", "train_position_lm", "evaluate_lengths",
-          "load_extrapolation_results", "load_position_lm", "CHECKPOINT_JSON", "CHECKPOINT_WEIGHTS")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from ..experiments import extrapolation
-
-        return getattr(extrapolation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -62,13 +62,13 @@ class TransformerConfig:
     d_ff: int = 2048  # F, hidden size of the feed-forward network (4 * d_model in the paper)
     n_encoder_layers: int = 6  # N encoder layers
     n_decoder_layers: int = 6  # N decoder layers
-    max_len: int = 512  # longest source or target the sinusoidal table covers
+    max_positions: int = 512  # longest source or target the sinusoidal table covers
     dropout: float = 0.1  # P_drop on sublayer outputs, embeddings and attention weights
     pad_id: int = 0  # id of the padding token
     tie_embeddings: bool = True  # share the embedding and pre-softmax weights (section 3.4)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_len"):
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             check_positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
@@ -81,11 +81,6 @@ class TransformerConfig:
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
-
-    @property
-    def max_positions(self) -> int:
-        """The course's name (CONTRIBUTING, "Names") for ``max_len``."""
-        return self.max_len
 
 
 # The paper's base model (Table 3, row "base") with a 37000-token shared vocabulary (section 5.1).
@@ -129,7 +124,7 @@ class Transformer(nn.Module):
             raise TypeError(f"expected a TransformerConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, cfg.d_model), persistent=False)  # (P, D)
+        self.register_buffer("pe", sinusoidal_encoding(cfg.max_positions, cfg.d_model), persistent=False)  # (P, D)
         self.drop = nn.Dropout(cfg.dropout)
 
         def layer(cross: bool, i: int) -> TransformerBlock:
@@ -160,8 +155,8 @@ class Transformer(nn.Module):
         sc.check(name, ids, dims)
         if ids.dtype not in (torch.long, torch.int, torch.int32, torch.int16, torch.uint8):
             raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-        if ids.shape[1] > self.cfg.max_len:
-            raise ValueError(f"{name} has length {ids.shape[1]}, longer than max_len={self.cfg.max_len}")
+        if ids.shape[1] > self.cfg.max_positions:
+            raise ValueError(f"{name} has length {ids.shape[1]}, longer than max_positions={self.cfg.max_positions}")
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
             raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
 
@@ -172,8 +167,8 @@ class Transformer(nn.Module):
 
     @property
     def max_positions(self) -> int:
-        """Longest source or target the sinusoidal table covers (``cfg.max_len``)."""
-        return self.cfg.max_len
+        """Longest source or target the sinusoidal table covers (``cfg.max_positions``)."""
+        return self.cfg.max_positions
 
     def new_cache(self) -> EncoderDecoderCache:
         """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
@@ -218,8 +213,8 @@ class Transformer(nn.Module):
         sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
         start = 0 if cache is None else cache.length
         t = tgt_in.shape[1]
-        if start + t > self.cfg.max_len:
-            raise ValueError(f"decoder positions {start}..{start + t - 1} exceed max_len={self.cfg.max_len}")
+        if start + t > self.cfg.max_positions:
+            raise ValueError(f"decoder positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}")
         if tgt_attention_mask is None:
             tgt_attention_mask = torch.ones(tgt_in.shape[0], start + t, dtype=torch.bool, device=tgt_in.device)
         sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
@@ -267,7 +262,7 @@ class EncodedSource:
 
     def __init__(self, model: Transformer, memory: torch.Tensor, src_attention_mask: torch.Tensor) -> None:
         self.model, self.memory, self.src_attention_mask = model, memory, src_attention_mask
-        self.max_positions = model.cfg.max_len
+        self.max_positions = model.cfg.max_positions
 
     def new_cache(self) -> EncoderDecoderCache:
         return self.model.new_cache()
