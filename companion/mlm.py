@@ -268,31 +268,31 @@ def make_nsp_pairs(documents: Sequence[Sequence], *, generator: torch.Generator 
     return pairs
 
 
-def pack_full_sentences(documents: Sequence[Sequence[Sequence[int]]], max_len: int, *, sep_id: int,
+def pack_full_sentences(documents: Sequence[Sequence[Sequence[int]]], seq_len: int, *, sep_id: int,
                         truncate_long: bool = True) -> list[list[int]]:
-    """RoBERTa's FULL-SENTENCES inputs: whole sentences, taken in order, packed into blocks of at most ``max_len``.
+    """RoBERTa's FULL-SENTENCES inputs: whole sentences, taken in order, packed into blocks of at most ``seq_len``.
 
     Sentences (lists of ids) of consecutive documents are appended to the current
     block while they fit; a block may cross a document boundary, where one extra
     ``sep_id`` is inserted (RoBERTa, section 4.2). A sentence never splits between
-    two blocks; one longer than ``max_len`` alone is cut to ``max_len``
+    two blocks; one longer than ``seq_len`` alone is cut to ``seq_len``
     (``truncate_long=True``) or raises. Add the per-block special tokens (``<s>``,
-    ``</s>``) afterwards, with ``max_len`` reduced by their number.
+    ``</s>``) afterwards, with ``seq_len`` reduced by their number.
     """
     docs = _check_documents(documents)
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
     blocks: list[list[int]] = []
     current: list[int] = []
     for di, doc in enumerate(docs):
         for si, sentence in enumerate(doc):
             sentence = [int(t) for t in sentence]
-            if len(sentence) > max_len:
+            if len(sentence) > seq_len:
                 if not truncate_long:
-                    raise ValueError(f"sentence {si} of document {di} has {len(sentence)} tokens > max_len={max_len}")
-                sentence = sentence[:max_len]
+                    raise ValueError(f"sentence {si} of document {di} has {len(sentence)} tokens > seq_len={seq_len}")
+                sentence = sentence[:seq_len]
             boundary = [sep_id] if (si == 0 and current) else []
-            if len(current) + len(boundary) + len(sentence) > max_len:
+            if len(current) + len(boundary) + len(sentence) > seq_len:
                 if current:
                     blocks.append(current)
                 current, boundary = [], []

@@ -137,11 +137,11 @@ def test_nsp_pairs_half_and_half():
 
 def test_pack_full_sentences():
     docs = [[[1, 1, 1], [2, 2]], [[3, 3, 3, 3]], [[4] * 9, [5]]]
-    # by hand, max_len 8: [1 1 1 2 2 | sep] then 3333 would make 10 > 8 -> new block;
+    # by hand, seq_len 8: [1 1 1 2 2 | sep] then 3333 would make 10 > 8 -> new block;
     # [3 3 3 3] + sep + 4*9 cut to 8 does not fit -> new block; [4]*8, then [5] does not fit
     assert pack_full_sentences(docs, 8, sep_id=0) == [[1, 1, 1, 2, 2], [3, 3, 3, 3], [4] * 8, [5]]
     assert pack_full_sentences([[[1], [2]], [[3]]], 8, sep_id=0) == [[1, 2, 0, 3]]
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="seq_len"):
         pack_full_sentences(docs, 8, sep_id=0, truncate_long=False)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="seq_len"):
         pack_full_sentences(docs, 0, sep_id=0)
