@@ -31,6 +31,7 @@ def test_only_the_attention_module_calls_the_attention_kernel_or_defines_lm_loss
 def test_every_model_is_made_of_blocks_and_multi_head_attention():
     from companion.diagnostics import StackConfig, StackLM
     from companion.models.gpt import GPT, GPTConfig
+    from companion.models.bert import BertConfig, BertForPreTraining
     from companion.models.position_lm import PositionLM, PositionLMConfig
     from companion.models.transformer import Transformer, TransformerConfig
 
@@ -40,6 +41,7 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
                                       n_decoder_layers=1, max_positions=8)),
         *(PositionLM(PositionLMConfig(vocab_size=11, position=p, d_model=8, n_heads=2, d_ff=16))
           for p in ("none", "t5", "rope", "alibi")),
+        BertForPreTraining(BertConfig(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_positions=8)),
         StackLM(StackConfig(vocab_size=11, max_positions=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
     ]
     for model in models:

@@ -1,6 +1,7 @@
 """Complete models built from :mod:`companion.blocks`, one file per model.
 
 * :mod:`companion.models.transformer`: the original encoder-decoder (Chapter 4)
+* :mod:`companion.models.bert`: BERT, its pre-training heads and loaders (Chapter 7)
 * :mod:`companion.models.gpt`: GPT-1 and GPT-2 style decoder-only models (Chapter 9)
 * :mod:`companion.models.position_lm`: a small LM with a choice of positional scheme (Chapter 3)
 

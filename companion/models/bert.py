@@ -1,0 +1,364 @@
+"""BERT: a bidirectional Transformer encoder pre-trained as a masked language model (Chapter 7).
+
+Devlin et al. (2019), "BERT: Pre-training of Deep Bidirectional Transformers
+for Language Understanding". The model is assembled from the shared parts:
+
+* input: token + segment + position embeddings, summed, then LayerNorm and dropout;
+* encoder: ``n_layers`` post-LN :class:`~companion.blocks.Block` s, each a
+  :class:`~companion.attention.MultiHeadAttention` (no causal mask, only the
+  padding mask of :func:`~companion.masks.padding_mask`) and a GELU
+  :class:`~companion.blocks.FeedForward`;
+* pooler: ``tanh(W h_[CLS] + b)``, the input of the next-sentence head;
+* masked-LM head: dense + GELU + LayerNorm, then a decoder whose weight **is**
+  the token embedding matrix (tied) plus its own bias;
+* next-sentence head: a linear layer on the pooled vector, 2 classes
+  (0 = IsNext, 1 = NotNext, Hugging Face's order).
+
+Weights of Hugging Face ``BertModel``, ``BertForMaskedLM`` and
+``BertForPreTraining`` (objects, or folders written by ``save_pretrained``)
+load with :func:`from_hf_bert`; :func:`load_pretrained` reads such a folder
+without importing ``transformers``.
+
+Shape legend: B batch, T length, D model size, F feed-forward size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .._checks import check_positive_int, check_probability
+from ..attention import MultiHeadAttention
+from ..blocks import _ACTIVATIONS as _ACTIVATION_FNS  # the FFN's table: one GELU for both
+from ..blocks import Block, FeedForward, make_norm
+from ..masks import padding_mask
+from ._hf import copy_by_name_map, hf_source
+
+__all__ = [
+    "BertConfig", "BERT_BASE", "BERT_LARGE",
+    "BertEmbeddings", "BertModel", "MLMHead", "BertForMaskedLM", "BertForPreTraining",
+    "BertOutput", "PreTrainingOutput", "mean_pool",
+    "config_from_hf", "from_hf_bert", "load_pretrained", "count_parameters",
+]
+
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Sizes of a BERT model. Defaults are BERT-base (uncased)."""
+
+    vocab_size: int = 30522  # V, WordPiece vocabulary
+    d_model: int = 768  # D, width of the residual stream
+    n_layers: int = 12  # encoder blocks
+    n_heads: int = 12  # H, attention heads per block (D / H per head)
+    d_ff: int = 3072  # F, hidden size of the feed-forward network (4 D)
+    max_positions: int = 512  # rows of the learned position table
+    n_segments: int = 2  # rows of the segment (token type) table: sentence A and B
+    norm_eps: float = 1e-12  # epsilon of every LayerNorm (BERT's TensorFlow value)
+    dropout: float = 0.1  # on embeddings, sublayer outputs and attention weights
+    activation: str = "gelu"  # of the FFN and of the MLM head's transform: exact (erf) GELU
+    pad_id: int = 0  # id of [PAD] (its embedding row is an ordinary trained row in BERT)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_segments"):
+            check_positive_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check_probability("dropout", self.dropout)
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
+        if self.activation not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"activation must be 'gelu', 'gelu_tanh' or 'relu', got {self.activation!r}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} must be a token id in [0, {self.vocab_size})")
+
+
+BERT_BASE = BertConfig()
+BERT_LARGE = BertConfig(d_model=1024, n_layers=24, n_heads=16, d_ff=4096)
+
+
+class BertOutput(NamedTuple):
+    hidden: torch.Tensor  # (B, T, D), the last block's output
+    pooled: torch.Tensor | None  # (B, D), tanh(W h_[CLS] + b); None without a pooler
+
+
+class PreTrainingOutput(NamedTuple):
+    mlm_logits: torch.Tensor  # (B, T, V)
+    nsp_logits: torch.Tensor | None  # (B, 2): IsNext, NotNext; None for BertForMaskedLM
+    hidden: torch.Tensor  # (B, T, D)
+
+
+class BertEmbeddings(nn.Module):
+    """``LayerNorm(token[ids] + position[0..T-1] + segment[segment_ids])`` then dropout."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.position = nn.Embedding(cfg.max_positions, cfg.d_model)
+        self.segment = nn.Embedding(cfg.n_segments, cfg.d_model)
+        self.norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        _check_ids("input_ids", input_ids, self.cfg.vocab_size)
+        t = input_ids.shape[1]
+        if t > self.cfg.max_positions:
+            raise ValueError(f"input has {t} tokens, more than max_positions={self.cfg.max_positions}")
+        if segment_ids is None:
+            segment_ids = torch.zeros_like(input_ids)
+        elif segment_ids.shape != input_ids.shape:
+            raise ValueError(f"segment_ids must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(segment_ids.shape)}")
+        _check_ids("segment_ids", segment_ids, self.cfg.n_segments)
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device)  # (T,), broadcast over B
+        _check_ids("position_ids", position_ids, self.cfg.max_positions)
+        x = self.token(input_ids) + self.position(position_ids) + self.segment(segment_ids)  # (B, T, D)
+        return self.drop(self.norm(x))
+
+
+def _check_ids(name: str, ids: object, limit: int) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if name == "input_ids" and ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape (B, T), got {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        raise ValueError(f"{name} must lie in [0, {limit}), got values from {int(ids.min())} to {int(ids.max())}")
+
+
+def _block(cfg: BertConfig, layer_idx: int) -> Block:
+    attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, dropout=cfg.dropout, layer_idx=layer_idx)
+    ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation)
+    norm1 = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
+    norm2 = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
+    return Block(attn, ffn, norm1, norm2, norm_first=False, dropout=cfg.dropout)  # post-LN
+
+
+class BertModel(nn.Module):
+    """Embeddings, ``n_layers`` post-LN blocks and (optionally) the pooler."""
+
+    def __init__(self, cfg: BertConfig, *, pooler: bool = True) -> None:
+        super().__init__()
+        if not isinstance(cfg, BertConfig):
+            raise TypeError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.embeddings = BertEmbeddings(cfg)
+        self.blocks = nn.ModuleList(_block(cfg, i) for i in range(cfg.n_layers))
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if pooler else None
+        self.apply(_init_weights)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                segment_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> BertOutput:
+        """``input_ids`` (B, T); ``attention_mask`` (B, T), 1 on tokens and 0 on padding."""
+        x = self.embeddings(input_ids, segment_ids, position_ids)  # (B, T, D)
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+                                 f"got {tuple(attention_mask.shape)}")
+            mask = padding_mask(attention_mask)  # (B, 1, 1, T): every query sees every real key
+        for block in self.blocks:
+            x = block(x, mask)
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, D), from [CLS]
+        return BertOutput(x, pooled)
+
+
+class MLMHead(nn.Module):
+    """``LayerNorm(act(W h + b)) E^T + b_V``: the decoder's weight is the token embedding ``E`` (tied)."""
+
+    def __init__(self, cfg: BertConfig, token_embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.activation = cfg.activation  # checked by BertConfig
+        self.norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
+        self.token_embedding = token_embedding  # shared module: the same Parameter, not a copy
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.norm(_ACTIVATION_FNS[self.activation](self.dense(hidden)))  # (B, T, D)
+        return h @ self.token_embedding.weight.T + self.bias  # (B, T, V)
+
+
+class BertForMaskedLM(nn.Module):
+    """BERT (no pooler) with the masked-LM head, as RoBERTa and Hugging Face's ``BertForMaskedLM``."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertModel(cfg, pooler=False)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.token)
+        self.mlm.apply(_init_weights)
+
+    def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> PreTrainingOutput:
+        out = self.bert(input_ids, attention_mask, segment_ids, position_ids)
+        return PreTrainingOutput(self.mlm(out.hidden), None, out.hidden)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with both pre-training heads: masked LM on every position, next sentence on [CLS]."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertModel(cfg, pooler=True)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.token)
+        self.nsp = nn.Linear(cfg.d_model, 2)  # 0 = IsNext, 1 = NotNext
+        self.mlm.apply(_init_weights)
+        _init_weights(self.nsp)
+
+    def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> PreTrainingOutput:
+        out = self.bert(input_ids, attention_mask, segment_ids, position_ids)
+        return PreTrainingOutput(self.mlm(out.hidden), self.nsp(out.pooled), out.hidden)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """BERT's initialisation: N(0, 0.02) weights, zero biases, LayerNorm at (1, 0)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Sentence embeddings: the mean of ``hidden`` (B, T, D) over real tokens, (B, D).
+
+    ``attention_mask`` (B, T) is 1 on tokens and 0 on padding; a row with no
+    token at all gives a zero vector (not NaN).
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise ValueError(f"hidden must have shape (B, T, D), got {getattr(hidden, 'shape', type(hidden).__name__)}")
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != hidden.shape[:2]:
+        raise ValueError(f"attention_mask must have shape {tuple(hidden.shape[:2])}, "
+                         f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+    w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)  # (B, D)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (a tied matrix counts once); works on the meta device."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- Hugging Face weights -------------------------------------------------------------------------
+
+def config_from_hf(hf_config) -> BertConfig:
+    """``BertConfig`` equivalent to a Hugging Face ``BertConfig`` (or a folder's config.json)."""
+    model_type = getattr(hf_config, "model_type", "bert")
+    if model_type != "bert":
+        raise TypeError(f"expected a BERT config, got model_type={model_type!r}")
+    if getattr(hf_config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError("only absolute (learned) position embeddings are supported, "
+                         f"got {hf_config.position_embedding_type!r}")
+    act = getattr(hf_config, "hidden_act", "gelu")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+    if getattr(hf_config, "hidden_dropout_prob", 0.1) != getattr(hf_config, "attention_probs_dropout_prob", 0.1):
+        raise ValueError("the course's BERT has one dropout probability; this config uses two different ones")
+    return BertConfig(
+        vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers,
+        n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
+        max_positions=hf_config.max_position_embeddings, n_segments=getattr(hf_config, "type_vocab_size", 2),
+        norm_eps=getattr(hf_config, "layer_norm_eps", 1e-12), dropout=getattr(hf_config, "hidden_dropout_prob", 0.1),
+        activation=_ACTIVATIONS[act], pad_id=getattr(hf_config, "pad_token_id", 0) or 0,
+    )
+
+
+def _encoder_names(bert: BertModel, ours: str, theirs: str) -> dict[str, str]:
+    names = {
+        f"{ours}embeddings.token.weight": f"{theirs}embeddings.word_embeddings.weight",
+        f"{ours}embeddings.position.weight": f"{theirs}embeddings.position_embeddings.weight",
+        f"{ours}embeddings.segment.weight": f"{theirs}embeddings.token_type_embeddings.weight",
+        f"{ours}embeddings.norm.weight": f"{theirs}embeddings.LayerNorm.weight",
+        f"{ours}embeddings.norm.bias": f"{theirs}embeddings.LayerNorm.bias",
+    }
+    parts = {"self_attn.qkv": "attention.self.{query,key,value}", "self_attn.out": "attention.output.dense",
+             "norm1": "attention.output.LayerNorm", "ffn.up": "intermediate.dense", "ffn.down": "output.dense",
+             "norm2": "output.LayerNorm"}
+    for i in range(len(bert.blocks)):
+        for a, b in parts.items():
+            for p in ("weight", "bias"):
+                names[f"{ours}blocks.{i}.{a}.{p}"] = f"{theirs}encoder.layer.{i}.{b}.{p}"
+    if bert.pooler is not None:
+        names[f"{ours}pooler.weight"] = f"{theirs}pooler.dense.weight"
+        names[f"{ours}pooler.bias"] = f"{theirs}pooler.dense.bias"
+    return names
+
+
+def _fuse_qkv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add ``...attention.self.{query,key,value}.weight`` = the three stacked, as our fused ``qkv`` holds them."""
+    fused = dict(state_dict)
+    for name in state_dict:
+        if name.endswith(".attention.self.query.weight") or name.endswith(".attention.self.query.bias"):
+            stem, _, p = name.rpartition(".query.")
+            parts = [state_dict.get(f"{stem}.{w}.{p}") for w in ("query", "key", "value")]
+            if all(t is not None for t in parts):  # else the map reports the fused name as missing
+                fused[f"{stem}.{{query,key,value}}.{p}"] = torch.cat(parts, dim=0)  # (3D, ...)
+                for w in ("query", "key", "value"):
+                    del fused[f"{stem}.{w}.{p}"]
+    return fused
+
+
+# Buffers some versions save, and the decoder that is tied to the token embedding.
+_HF_IGNORE = (r"embeddings\.position_ids$", r"embeddings\.token_type_ids$",
+              r"^cls\.predictions\.decoder\.(weight|bias)$")
+
+
+@torch.no_grad()
+def from_hf_bert(source) -> BertModel | BertForMaskedLM | BertForPreTraining:
+    """The course's BERT holding the weights of a Hugging Face BERT (object or saved folder).
+
+    ``BertModel`` gives a :class:`BertModel` (with the pooler if the source has
+    one), ``BertForMaskedLM`` a :class:`BertForMaskedLM`, ``BertForPreTraining``
+    a :class:`BertForPreTraining`; the kind is read from the tensor names.
+    Every tensor is accounted for: a missing, unexpected or mis-shaped one
+    raises a ``ValueError`` naming it.
+    """
+    hf_config, sd = hf_source(source)
+    cfg = config_from_hf(hf_config)
+    prefix = "bert." if any(k.startswith("bert.") for k in sd) else ""
+    has_mlm = "cls.predictions.transform.dense.weight" in sd
+    has_nsp = "cls.seq_relationship.weight" in sd
+    if has_nsp and has_mlm:
+        model, ours = BertForPreTraining(cfg), "bert."
+    elif has_mlm:
+        model, ours = BertForMaskedLM(cfg), "bert."
+    elif not prefix:
+        model, ours = BertModel(cfg, pooler="pooler.dense.weight" in sd), ""
+    else:
+        raise ValueError("the source has 'bert.'-prefixed weights but no masked-LM head: "
+                         "expected BertModel, BertForMaskedLM or BertForPreTraining")
+    bert = model if isinstance(model, BertModel) else model.bert
+    names = _encoder_names(bert, ours, prefix)
+    if has_mlm:
+        names.update({"mlm.dense.weight": "cls.predictions.transform.dense.weight",
+                      "mlm.dense.bias": "cls.predictions.transform.dense.bias",
+                      "mlm.norm.weight": "cls.predictions.transform.LayerNorm.weight",
+                      "mlm.norm.bias": "cls.predictions.transform.LayerNorm.bias",
+                      "mlm.bias": "cls.predictions.bias"})
+    if has_nsp:
+        names.update({"nsp.weight": "cls.seq_relationship.weight", "nsp.bias": "cls.seq_relationship.bias"})
+    copy_by_name_map(model, _fuse_qkv(sd), names, ignore=_HF_IGNORE)
+    return model.eval()
+
+
+def load_pretrained(path: str | Path) -> BertModel | BertForMaskedLM | BertForPreTraining:
+    """Read a local Hugging Face BERT folder (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``).
+
+    No ``transformers`` import: in Colab, fetch a checkpoint with
+    ``huggingface_hub.snapshot_download("google-bert/bert-base-uncased")`` and
+    pass the folder it returns.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder: expected one written by save_pretrained or the hub")
+    return from_hf_bert(folder)
+
