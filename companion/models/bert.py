@@ -182,7 +182,7 @@ class MLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.norm(_ACTIVATION_FNS[self.activation](self.dense(hidden)))  # (B, T, D)
-        return h @ self.token_embedding.weight.T + self.bias  # (B, T, V)
+        return nn.functional.linear(h, self.token_embedding.weight, self.bias)  # (B, T, V): h E^T + b
 
 
 class BertForMaskedLM(nn.Module):
