@@ -18,6 +18,7 @@ from collections import Counter
 
 from benchmarks.common import Row, Settings, paired_median_seconds
 from companion.data import load_pydoc_text
+from companion.tokenizers.bpe import merge_pair
 from companion.tokenizers import BERT_SPECIAL_TOKENS, bert_normalize, bert_pretokenize, train_wordpiece
 
 
@@ -45,15 +46,7 @@ def naive_train_wordpiece(text: str, vocab_size: int) -> dict[str, int]:
         new_id = vocab[token]
         merged: Counter = Counter()
         for seg, f in segs.items():
-            out, i = [], 0
-            while i < len(seg):
-                if i + 1 < len(seg) and seg[i] == pair[0] and seg[i + 1] == pair[1]:
-                    out.append(new_id)
-                    i += 2
-                else:
-                    out.append(seg[i])
-                    i += 1
-            merged[tuple(out)] += f
+            merged[tuple(merge_pair(seg, pair, new_id))] += f
         segs = merged
     return vocab
 

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import BertTokenizerFast
 
 from companion.data import load_pydoc_text
+from companion.tokenizers.bpe import merge_pair
 from companion.tokenizers import (
     BERT_SPECIAL_TOKENS, WordPiece, bert_normalize, bert_pretokenize, train_wordpiece, wordpiece_encode_word,
 )
@@ -132,15 +133,7 @@ def test_incremental_trainer_equals_naive_recount(text):
         vocab.add(new)
         merged = Counter()
         for w, f in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == pair:
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += f
+            merged[tuple(merge_pair(w, pair, new))] += f
         words = merged
     assert all(m.token in tok.vocab for m in tok.merges)
 

@@ -53,6 +53,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bpe import merge_pair
+
 __all__ = [
     "BERT_SPECIAL_TOKENS", "bert_normalize", "bert_pretokenize", "is_cjk", "is_punctuation",
     "wordpiece_encode_word", "WordPieceStep", "WordPiece", "train_wordpiece",
@@ -463,14 +465,7 @@ def train_wordpiece(
         touched: set[tuple[int, int]] = set()
         for wi in where.pop(pair, ()):
             w, f = words[wi], freqs[wi]
-            merged, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and w[i] == pair[0] and w[i + 1] == pair[1]:
-                    merged.append(new_id)
-                    i += 2
-                else:
-                    merged.append(w[i])
-                    i += 1
+            merged = merge_pair(w, pair, new_id)
             if len(merged) == len(w):
                 continue
             for p in zip(w, w[1:]):
