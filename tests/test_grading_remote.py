@@ -1,6 +1,8 @@
 """The wire between the instructor's grader and a submission's worker (companion.grading.remote/worker)."""
 
+import tempfile
 import time
+from pathlib import Path
 from collections import Counter, OrderedDict
 
 import pytest
@@ -167,3 +169,36 @@ def test_the_worker_cannot_start_processes_without_end(session):
     if os.geteuid() == 0:
         pytest.skip("the kernel never applies RLIMIT_NPROC to the root user (only a cgroup could)")
     assert target(session, "start_processes")(400) < 300  # Limits.processes = 256 beyond what the user runs
+
+
+def test_a_python_or_clone_under_tmp_stays_visible_in_the_sandbox(tmp_path, monkeypatch):
+    # The sandbox gives the worker a fresh /tmp; a venv or a clone made under /tmp (as a CI
+    # runner or a learner may do) must be bound in again, or the worker cannot even start.
+    import shutil
+    import subprocess
+    import sys
+
+    from companion.grading import sandbox
+
+    if not sandbox._bwrap_works():
+        pytest.skip("bubblewrap is not usable here")
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # under /tmp whatever pytest's basetemp is
+    try:
+        venv = base / "venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "marker").write_text("visible\n")
+        work = base / "work"
+        work.mkdir()
+        monkeypatch.setattr(sys, "prefix", str(venv))
+        kept = sandbox.kept_under_tmp()
+        assert venv.resolve() in kept
+        bwrap = shutil.which("bwrap")
+        marker = str(venv / "bin" / "marker")
+        seen = subprocess.run([bwrap, *sandbox._bwrap_args(work, None), "--", "cat", marker],
+                              capture_output=True, text=True, timeout=30)
+        assert seen.returncode == 0 and seen.stdout == "visible\n", seen.stderr
+        hidden = subprocess.run([bwrap, *sandbox._bwrap_args(work, None, keep=()), "--", "cat", marker],
+                                capture_output=True, text=True, timeout=30)
+        assert hidden.returncode != 0  # without the binding the fresh /tmp hides it: the test can fail
+    finally:
+        shutil.rmtree(base)

@@ -72,11 +72,29 @@ def sandbox_status() -> str:
             "can read and write any file this user can, and use the network (install bubblewrap: apt-get install bubblewrap)")
 
 
-def _bwrap_args(workdir: Path, tmpfs_bytes: int | None, hide: tuple[Path, ...] = ()) -> list[str]:
+def kept_under_tmp() -> tuple[Path, ...]:
+    """What the worker needs that a fresh ``/tmp`` would hide: Python, a virtual environment, the
+    package or an import path living under ``/tmp`` (a clone or a venv made there)."""
+    tmp = Path("/tmp").resolve()
+    wanted = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent,
+              Path(__file__).resolve().parents[2], *(Path(p) for p in sys.path if p)]
+    found = sorted({p.resolve() for p in wanted if p.exists()}, key=lambda p: len(p.parts))
+    keep: list[Path] = []
+    for p in found:
+        if tmp in p.parents and not any(k == p or k in p.parents for k in keep):
+            keep.append(p)
+    return tuple(keep)
+
+
+def _bwrap_args(workdir: Path, tmpfs_bytes: int | None, hide: tuple[Path, ...] = (),
+                keep: tuple[Path, ...] | None = None) -> list[str]:
     """Everything read-only; ``/tmp`` and the working folder are fresh in-memory folders (of at most
-    ``tmpfs_bytes`` each), the submission's copy is bound read-only into the latter; ``hide`` is masked."""
+    ``tmpfs_bytes`` each), the submission's copy is bound read-only into the latter; ``hide`` is masked.
+    ``keep`` (default :func:`kept_under_tmp`) are bound read-only again inside the fresh ``/tmp``."""
     size = ["--size", str(tmpfs_bytes)] if tmpfs_bytes else []
     args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
+    for path in kept_under_tmp() if keep is None else keep:
+        args += ["--ro-bind", str(path), str(path)]
     for path in hide:
         args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
     args += [*size, "--tmpfs", str(workdir)]  # after the masks: the working folder may live under one
