@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from companion.models.bert import (
-    BERT_BASE, BERT_LARGE, BertConfig, BertForMaskedLM, BertForPreTraining, BertModel,
+    BERT_BASE, BERT_LARGE, BertConfig, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
+    BertForSequenceClassification, BertForTokenClassification, BertModel,
     count_parameters, from_hf_bert, load_pretrained, mean_pool,
 )
 
@@ -198,3 +199,53 @@ def test_bad_inputs_say_what_was_expected():
         model(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="not divisible by n_heads=3"):
         BertConfig(d_model=16, n_heads=3)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_sequence_classification_head_matches_hugging_face(padded):
+    hf = _hf(transformers.BertForSequenceClassification, num_labels=3)
+    ours = from_hf_bert(hf)
+    assert isinstance(ours, BertForSequenceClassification) and ours.n_labels == 3
+    ids, seg, att = batch(3)
+    att = att if padded else torch.ones_like(att)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=seg, attention_mask=att).logits
+        out = ours(ids, att, seg)
+    assert out.shape == (3, 3)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_token_classification_head_matches_hugging_face(padded):
+    hf = _hf(transformers.BertForTokenClassification, num_labels=5)
+    ours = from_hf_bert(hf)
+    assert isinstance(ours, BertForTokenClassification) and ours.bert.pooler is None
+    ids, seg, att = batch(4)
+    att = att if padded else torch.ones_like(att)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=seg, attention_mask=att).logits
+        out = ours(ids, att, seg)
+    real = att.bool()
+    torch.testing.assert_close(out[real], ref[real], atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_span_head_matches_hugging_face_question_answering(padded):
+    hf = _hf(transformers.BertForQuestionAnswering)
+    ours = from_hf_bert(hf)
+    assert isinstance(ours, BertForQuestionAnswering)
+    ids, seg, att = batch(5)
+    att = att if padded else torch.ones_like(att)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=seg, attention_mask=att)
+        out = ours(ids, att, seg)
+    real = att.bool()
+    torch.testing.assert_close(out.start[real], ref.start_logits[real], atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(out.end[real], ref.end_logits[real], atol=ATOL, rtol=ATOL)
+
+
+def test_heads_reject_a_bad_label_count():
+    cfg = BertConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_positions=16)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="n_labels"):
+            BertForSequenceClassification(cfg, bad)

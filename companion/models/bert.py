@@ -41,6 +41,7 @@ from ._hf import copy_by_name_map, hf_source
 __all__ = [
     "BertConfig", "BERT_BASE", "BERT_LARGE",
     "BertEmbeddings", "BertModel", "MLMHead", "BertForMaskedLM", "BertForPreTraining",
+    "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering", "SpanLogits",
     "BertOutput", "PreTrainingOutput", "mean_pool",
     "config_from_hf", "from_hf_bert", "load_pretrained", "count_parameters",
 ]
@@ -217,6 +218,74 @@ class BertForPreTraining(nn.Module):
         return PreTrainingOutput(self.mlm(out.hidden), self.nsp(out.pooled), out.hidden)
 
 
+# --- fine-tuning heads --------------------------------------------------------------------------------
+
+def _check_n_labels(n_labels: object) -> int:
+    if isinstance(n_labels, bool) or not isinstance(n_labels, int) or n_labels < 1:
+        raise ValueError(f"n_labels must be a positive int, got {n_labels!r}")
+    return n_labels
+
+
+class BertForSequenceClassification(nn.Module):
+    """One label per input: ``Linear(dropout(pooled))``, the pooled [CLS] vector of :class:`BertModel`.
+
+    Returns logits (B, n_labels). Devlin et al. (2019), section 4.1 (GLUE).
+    """
+
+    def __init__(self, cfg: BertConfig, n_labels: int) -> None:
+        super().__init__()
+        self.cfg, self.n_labels = cfg, _check_n_labels(n_labels)
+        self.bert = BertModel(cfg, pooler=True)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.d_model, n_labels)
+        _init_weights(self.classifier)
+
+    def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> torch.Tensor:
+        return self.classifier(self.dropout(self.bert(input_ids, attention_mask, segment_ids, position_ids).pooled))
+
+
+class BertForTokenClassification(nn.Module):
+    """One label per token: ``Linear(dropout(h_t))`` on every final hidden state; logits (B, T, n_labels).
+
+    Devlin et al. (2019), section 5.3 (named-entity recognition, the first sub-token of each word labelled).
+    """
+
+    def __init__(self, cfg: BertConfig, n_labels: int) -> None:
+        super().__init__()
+        self.cfg, self.n_labels = cfg, _check_n_labels(n_labels)
+        self.bert = BertModel(cfg, pooler=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.d_model, n_labels)
+        _init_weights(self.classifier)
+
+    def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> torch.Tensor:
+        return self.classifier(self.dropout(self.bert(input_ids, attention_mask, segment_ids, position_ids).hidden))
+
+
+class SpanLogits(NamedTuple):
+    start: torch.Tensor  # (B, T)
+    end: torch.Tensor  # (B, T)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Span extraction (SQuAD, section 4.2): a start and an end score per token, ``h_t . S`` and ``h_t . E``.
+
+    Returns :class:`SpanLogits` ``(start, end)``, each (B, T); padding positions are
+    left to the loss (``masked_span_logits`` of the fine-tuning code sets them to -inf).
+    """
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertModel(cfg, pooler=False)
+        self.span = nn.Linear(cfg.d_model, 2)  # columns: start, end
+        _init_weights(self.span)
+
+    def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> SpanLogits:
+        logits = self.span(self.bert(input_ids, attention_mask, segment_ids, position_ids).hidden)  # (B, T, 2)
+        return SpanLogits(logits[..., 0], logits[..., 1])
+
+
 def _init_weights(module: nn.Module) -> None:
     """BERT's initialisation: N(0, 0.02) weights, zero biases, LayerNorm at (1, 0)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -313,12 +382,15 @@ _HF_IGNORE = (r"embeddings\.position_ids$", r"embeddings\.token_type_ids$",
 
 
 @torch.no_grad()
-def from_hf_bert(source) -> BertModel | BertForMaskedLM | BertForPreTraining:
+def from_hf_bert(source) -> nn.Module:
     """The course's BERT holding the weights of a Hugging Face BERT (object or saved folder).
 
     ``BertModel`` gives a :class:`BertModel` (with the pooler if the source has
     one), ``BertForMaskedLM`` a :class:`BertForMaskedLM`, ``BertForPreTraining``
-    a :class:`BertForPreTraining`; the kind is read from the tensor names.
+    a :class:`BertForPreTraining`, and the fine-tuning models
+    ``BertForSequenceClassification``, ``BertForTokenClassification`` and
+    ``BertForQuestionAnswering`` the course's classes of the same names; the
+    kind is read from the tensor names.
     Every tensor is accounted for: a missing, unexpected or mis-shaped one
     raises a ``ValueError`` naming it.
     """
@@ -327,17 +399,30 @@ def from_hf_bert(source) -> BertModel | BertForMaskedLM | BertForPreTraining:
     prefix = "bert." if any(k.startswith("bert.") for k in sd) else ""
     has_mlm = "cls.predictions.transform.dense.weight" in sd
     has_nsp = "cls.seq_relationship.weight" in sd
-    if has_nsp and has_mlm:
+    head: dict[str, str] = {}
+    if "classifier.weight" in sd and not has_mlm:
+        n_labels = sd["classifier.weight"].shape[0]
+        if "bert.pooler.dense.weight" in sd:
+            model = BertForSequenceClassification(cfg, n_labels)
+        else:
+            model = BertForTokenClassification(cfg, n_labels)
+        ours, head = "bert.", {"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"}
+    elif "qa_outputs.weight" in sd and not has_mlm:
+        model, ours = BertForQuestionAnswering(cfg), "bert."
+        head = {"span.weight": "qa_outputs.weight", "span.bias": "qa_outputs.bias"}
+    elif has_nsp and has_mlm:
         model, ours = BertForPreTraining(cfg), "bert."
     elif has_mlm:
         model, ours = BertForMaskedLM(cfg), "bert."
     elif not prefix:
         model, ours = BertModel(cfg, pooler="pooler.dense.weight" in sd), ""
     else:
-        raise ValueError("the source has 'bert.'-prefixed weights but no masked-LM head: "
-                         "expected BertModel, BertForMaskedLM or BertForPreTraining")
+        raise ValueError("the source has 'bert.'-prefixed weights but no head the course knows: expected "
+                         "BertModel, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, "
+                         "BertForTokenClassification or BertForQuestionAnswering")
     bert = model if isinstance(model, BertModel) else model.bert
     names = _encoder_names(bert, ours, prefix)
+    names.update(head)
     if has_mlm:
         names.update({"mlm.dense.weight": "cls.predictions.transform.dense.weight",
                       "mlm.dense.bias": "cls.predictions.transform.dense.bias",
