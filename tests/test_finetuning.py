@@ -147,3 +147,26 @@ def test_split_and_bad_inputs():
         capitalisation_task("not a list", tok())
     with pytest.raises(ValueError, match="steps"):
         finetune(torch.nn.Identity(), data, data, steps=0)
+
+
+def test_recorded_finetuning_results_are_complete_and_sane():
+    import json
+    from importlib import resources
+
+    rec = json.loads((resources.files("companion.checkpoints") / "ch07_finetune.json").read_text())
+    assert set(rec["tasks"]) == {"next_sentence", "capitalisation", "replaced_word"}
+    for name, row in rec["tasks"].items():
+        assert row["train_examples"] > 4 * row["test_examples"] * 0.9 and row["test_examples"] >= 100
+        for init in ("pretrained", "scratch"):
+            assert 0.0 <= row[init]["accuracy"] <= 1.0 and row[init]["seconds"] > 0
+            assert row[init]["last_loss"] < row[init]["first_loss"], (name, init)
+        assert all(0.0 <= v <= 1.0 for v in row["baselines"].values())
+    # what the chapter's prose claims about the recorded run
+    t = rec["tasks"]
+    assert t["replaced_word"]["pretrained"]["accuracy"] > t["replaced_word"]["scratch"]["accuracy"] + 0.05
+    assert t["replaced_word"]["pretrained"]["accuracy"] > max(t["replaced_word"]["baselines"].values()) + 0.05
+    assert t["capitalisation"]["pretrained"]["accuracy"] > max(t["capitalisation"]["baselines"].values())
+    nsp = t["next_sentence"]
+    assert nsp["baselines"]["bag_of_words"] > nsp["baselines"]["majority"] + 0.1  # "shared words give much away"
+    assert abs(nsp["pretrained"]["accuracy"] - nsp["baselines"]["bag_of_words"]) < 0.1  # "close to"
+    assert nsp["pretrained"]["accuracy"] > nsp["scratch"]["accuracy"]
