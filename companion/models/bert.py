@@ -43,7 +43,7 @@ __all__ = [
     "BertEmbeddings", "BertModel", "MLMHead", "BertForMaskedLM", "BertForPreTraining",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering", "SpanLogits",
     "BertOutput", "PreTrainingOutput", "mean_pool",
-    "config_from_hf", "from_hf_bert", "load_pretrained", "count_parameters",
+    "config_from_hf", "from_hf_bert", "load_pretrained", "count_parameters", "padding_position_ids",
 ]
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -64,6 +64,15 @@ class BertConfig:
     dropout: float = 0.1  # on embeddings, sublayer outputs and attention weights
     activation: str = "gelu"  # of the FFN and of the MLM head's transform: exact (erf) GELU
     pad_id: int = 0  # id of [PAD] (its embedding row is an ordinary trained row in BERT)
+    # Chapter 8's variants, each a switch of the same model (defaults: BERT):
+    embedding_size: int | None = None  # E: ALBERT/ELECTRA embed in E < D dims and project to D (None: E = D)
+    share_layers: bool = False  # ALBERT: every block uses the parameters of the first
+    positions_from_padding: bool = False  # RoBERTa: positions count real tokens and start at pad_id + 1
+
+    @property
+    def embed_dim(self) -> int:
+        """E, the width of the embeddings and of the MLM head's output (``d_model`` unless factorised)."""
+        return self.d_model if self.embedding_size is None else self.embedding_size
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_segments"):
@@ -77,6 +86,14 @@ class BertConfig:
             raise ValueError(f"activation must be 'gelu', 'gelu_tanh' or 'relu', got {self.activation!r}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"pad_id={self.pad_id} must be a token id in [0, {self.vocab_size})")
+        if self.embedding_size is not None:
+            check_positive_int("embedding_size", self.embedding_size)
+        for name in ("share_layers", "positions_from_padding"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.positions_from_padding and self.max_positions < self.pad_id + 2:
+            raise ValueError(f"positions_from_padding needs max_positions > pad_id + 1 = {self.pad_id + 1} "
+                             f"(positions start at pad_id + 1), got {self.max_positions}")
 
 
 BERT_BASE = BertConfig()
@@ -94,17 +111,36 @@ class PreTrainingOutput(NamedTuple):
     hidden: torch.Tensor  # (B, T, D)
 
 
+def padding_position_ids(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """RoBERTa's (fairseq's) position ids: real tokens are numbered ``pad_id + 1, pad_id + 2, ...``
+    in order, padding tokens get ``pad_id``. (B, T) -> (B, T).
+
+    >>> padding_position_ids(torch.tensor([[0, 5, 6, 1, 1]]), pad_id=1).tolist()
+    [[2, 3, 4, 1, 1]]
+    """
+    _check_ids("input_ids", input_ids, torch.iinfo(torch.long).max)
+    real = (input_ids != pad_id).long()  # (B, T)
+    return torch.cumsum(real, dim=1) * real + pad_id
+
+
 class BertEmbeddings(nn.Module):
-    """``LayerNorm(token[ids] + position[0..T-1] + segment[segment_ids])`` then dropout."""
+    """``LayerNorm(token[ids] + position[0..T-1] + segment[segment_ids])`` then dropout.
+
+    With ``cfg.embedding_size`` = E < D (ALBERT, ELECTRA) the three tables are E wide and
+    a linear map ``project`` takes the result to D. With ``cfg.positions_from_padding``
+    (RoBERTa) the default positions come from :func:`padding_position_ids`.
+    """
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.position = nn.Embedding(cfg.max_positions, cfg.d_model)
-        self.segment = nn.Embedding(cfg.n_segments, cfg.d_model)
-        self.norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
+        e = cfg.embed_dim
+        self.token = nn.Embedding(cfg.vocab_size, e)
+        self.position = nn.Embedding(cfg.max_positions, e)
+        self.segment = nn.Embedding(cfg.n_segments, e)
+        self.norm = make_norm("layernorm", e, cfg.norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
+        self.project = nn.Linear(e, cfg.d_model) if e != cfg.d_model else None  # factorised: E -> D
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,11 +153,14 @@ class BertEmbeddings(nn.Module):
         elif segment_ids.shape != input_ids.shape:
             raise ValueError(f"segment_ids must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(segment_ids.shape)}")
         _check_ids("segment_ids", segment_ids, self.cfg.n_segments)
-        if position_ids is None:
+        if position_ids is None and self.cfg.positions_from_padding:
+            position_ids = padding_position_ids(input_ids, self.cfg.pad_id)  # (B, T)
+        elif position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)  # (T,), broadcast over B
         _check_ids("position_ids", position_ids, self.cfg.max_positions)
-        x = self.token(input_ids) + self.position(position_ids) + self.segment(segment_ids)  # (B, T, D)
-        return self.drop(self.norm(x))
+        x = self.token(input_ids) + self.position(position_ids) + self.segment(segment_ids)  # (B, T, E)
+        x = self.drop(self.norm(x))
+        return x if self.project is None else self.project(x)  # (B, T, D)
 
 
 def _check_ids(name: str, ids: object, limit: int) -> None:
@@ -150,7 +189,11 @@ class BertModel(nn.Module):
             raise TypeError(f"cfg must be a BertConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.embeddings = BertEmbeddings(cfg)
-        self.blocks = nn.ModuleList(_block(cfg, i) for i in range(cfg.n_layers))
+        if cfg.share_layers:  # ALBERT: one set of block parameters, applied n_layers times
+            shared = _block(cfg, 0)
+            self.blocks = nn.ModuleList([shared] * cfg.n_layers)
+        else:
+            self.blocks = nn.ModuleList(_block(cfg, i) for i in range(cfg.n_layers))
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if pooler else None
         self.apply(_init_weights)
 
@@ -175,9 +218,9 @@ class MLMHead(nn.Module):
 
     def __init__(self, cfg: BertConfig, token_embedding: nn.Embedding) -> None:
         super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dense = nn.Linear(cfg.d_model, cfg.embed_dim)  # D -> E (E = D except in ALBERT/ELECTRA)
         self.activation = cfg.activation  # checked by BertConfig
-        self.norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
+        self.norm = make_norm("layernorm", cfg.embed_dim, cfg.norm_eps)
         self.token_embedding = token_embedding  # shared module: the same Parameter, not a copy
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
@@ -341,7 +384,20 @@ def config_from_hf(hf_config) -> BertConfig:
     )
 
 
-def _encoder_names(bert: BertModel, ours: str, theirs: str) -> dict[str, str]:
+_BERT_LAYER_NAMES = {"self_attn.qkv": "attention.self.{query,key,value}", "self_attn.out": "attention.output.dense",
+                     "norm1": "attention.output.LayerNorm", "ffn.up": "intermediate.dense", "ffn.down": "output.dense",
+                     "norm2": "output.LayerNorm"}
+
+
+def _encoder_names(bert: BertModel, ours: str, theirs: str, *, layer: str = "encoder.layer.{i}.",
+                   parts: dict[str, str] | None = None, project: str = "") -> dict[str, str]:
+    """Our parameter names -> Hugging Face's for the embeddings, blocks and pooler of ``bert``.
+
+    ``layer``: the source prefix of block ``i``; ``parts``: our block-relative names -> the
+    source's; ``project``: the source name of the E -> D projection (factorised embeddings).
+    With shared layers only block 0 is named (the others are the same parameters).
+    """
+    parts = _BERT_LAYER_NAMES if parts is None else parts
     names = {
         f"{ours}embeddings.token.weight": f"{theirs}embeddings.word_embeddings.weight",
         f"{ours}embeddings.position.weight": f"{theirs}embeddings.position_embeddings.weight",
@@ -349,13 +405,14 @@ def _encoder_names(bert: BertModel, ours: str, theirs: str) -> dict[str, str]:
         f"{ours}embeddings.norm.weight": f"{theirs}embeddings.LayerNorm.weight",
         f"{ours}embeddings.norm.bias": f"{theirs}embeddings.LayerNorm.bias",
     }
-    parts = {"self_attn.qkv": "attention.self.{query,key,value}", "self_attn.out": "attention.output.dense",
-             "norm1": "attention.output.LayerNorm", "ffn.up": "intermediate.dense", "ffn.down": "output.dense",
-             "norm2": "output.LayerNorm"}
-    for i in range(len(bert.blocks)):
+    n_named = 1 if bert.cfg.share_layers else len(bert.blocks)
+    for i in range(n_named):
         for a, b in parts.items():
             for p in ("weight", "bias"):
-                names[f"{ours}blocks.{i}.{a}.{p}"] = f"{theirs}encoder.layer.{i}.{b}.{p}"
+                names[f"{ours}blocks.{i}.{a}.{p}"] = f"{theirs}{layer.format(i=i)}{b}.{p}"
+    if bert.embeddings.project is not None:
+        for p in ("weight", "bias"):
+            names[f"{ours}embeddings.project.{p}"] = f"{project}.{p}"
     if bert.pooler is not None:
         names[f"{ours}pooler.weight"] = f"{theirs}pooler.dense.weight"
         names[f"{ours}pooler.bias"] = f"{theirs}pooler.dense.bias"
@@ -363,10 +420,14 @@ def _encoder_names(bert: BertModel, ours: str, theirs: str) -> dict[str, str]:
 
 
 def _fuse_qkv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Add ``...attention.self.{query,key,value}.weight`` = the three stacked, as our fused ``qkv`` holds them."""
+    """Add ``...{query,key,value}.weight`` = the three stacked, as our fused ``qkv`` holds them.
+
+    Every ``X.query.{weight,bias}`` with ``X.key`` and ``X.value`` beside it is fused
+    (BERT's ``attention.self``, ALBERT's ``attention``, RoBERTa's and ELECTRA's as BERT's).
+    """
     fused = dict(state_dict)
     for name in state_dict:
-        if name.endswith(".attention.self.query.weight") or name.endswith(".attention.self.query.bias"):
+        if name.endswith(".query.weight") or name.endswith(".query.bias"):
             stem, _, p = name.rpartition(".query.")
             parts = [state_dict.get(f"{stem}.{w}.{p}") for w in ("query", "key", "value")]
             if all(t is not None for t in parts):  # else the map reports the fused name as missing
