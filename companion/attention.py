@@ -315,7 +315,10 @@ class MultiHeadAttention(nn.Module):
 
         ``mask``, ``bias``, ``is_causal`` and ``head_mask`` go to
         :func:`scaled_dot_product_attention` (their last two axes are ``(T, S)``,
-        with ``S`` counting cached keys). ``rope`` is a ``(cos, sin)`` pair from
+        with ``S`` counting cached keys). ``bias`` may also be a callable
+        ``bias(q, k) -> tensor`` of the projected queries and keys, each
+        ``(B, H, T, Dh)``, for a score term that depends on them (DeBERTa); it is added
+        to the scaled scores like a tensor bias. ``rope`` is a ``(cos, sin)`` pair from
         :func:`companion.positional.rope_cos_sin` that rotates queries and keys.
         With a ``cache``, self-attention appends its new keys and values to slot
         ``layer_idx`` and attends over all of them; cross-attention computes the
@@ -346,6 +349,8 @@ class MultiHeadAttention(nn.Module):
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
                 k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, S, Dh): cached + new
+        if callable(bias):  # a bias that depends on the projected queries and keys (DeBERTa's position terms)
+            bias = bias(q, k)
         kwargs = dict(bias=bias, is_causal=is_causal, scale=self.scale, head_mask=head_mask,
                       dropout_p=self.dropout if self.training else 0.0)
         result = scaled_dot_product_attention(
