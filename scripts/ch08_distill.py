@@ -88,6 +88,7 @@ def main() -> None:
         ids, att = held[0][:32], held[1][:32]
         times = {}
         for label, model in (("teacher", teacher), ("student", initial)):
+            model.eval()  # no dropout: inference speed
             model(ids, att)
             best = float("inf")
             for _ in range(10):
