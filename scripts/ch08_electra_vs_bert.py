@@ -1,19 +1,23 @@
-"""A tiny ELECTRA against a tiny BERT with the same pre-training time, compared after fine-tuning.
+"""A tiny ELECTRA against a tiny BERT with the same pre-training compute, compared after fine-tuning.
 
 ELECTRA's claim (Clark et al., 2020, section 3.2 and figure 1): at equal pre-training
 compute, replaced-token detection gives a better encoder than masked language
 modelling, because the discriminator learns from every token, not from the 15%
 that are masked. Measured here at toy scale: the same encoder (Chapter 7's tiny
-BERT sizes) pre-trained for the same wall-clock budget either as a BERT (MLM) or
-as an ELECTRA discriminator (with a generator half its width sharing its
-embeddings), then fine-tuned on two of Chapter 7's tasks with the same recipe.
+BERT sizes) pre-trained with the same number of floating-point operations
+(counted by ``torch.utils.flop_counter`` on one training step of each) either as
+a BERT (MLM, ``BERT_STEPS`` steps) or as an ELECTRA discriminator (with a
+generator half its width sharing its embeddings, as many steps as the same
+FLOPs buy), then fine-tuned on two of Chapter 7's tasks with the same recipe.
+Counting FLOPs instead of seconds keeps the comparison independent of the
+machine and of whatever else runs on it.
 
 Writes ``companion/checkpoints/ch08_electra_vs_bert.json``.
 
 Usage (from the repository root)::
 
     python scripts/ch08_electra_vs_bert.py
-    python scripts/ch08_electra_vs_bert.py --seconds 10 --finetune-steps 10 --out /tmp/e.json   # a quick try
+    python scripts/ch08_electra_vs_bert.py --bert-steps 10 --finetune-steps 10 --out /tmp/e.json   # a quick try
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from companion.data import load_pydoc_text
 from companion.finetuning import capitalisation_task, finetune, replaced_word_task, split_task
@@ -35,7 +40,7 @@ from companion.models.electra import ElectraDiscriminator, electra_loss
 from companion.pretraining import build_mlm_blocks, corpus_documents, load_tiny_bert, mlm_loss, split_blocks
 from companion.training import TrainConfig, train
 
-SECONDS = 150.0
+BERT_STEPS = 600
 BATCH_SIZE = 32
 LR = 2e-3
 SEED = 0
@@ -58,8 +63,8 @@ def build(kind: str, cfg: BertConfig) -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=SECONDS)
-    parser.add_argument("--finetune-steps", type=int, default=300)
+    parser.add_argument("--bert-steps", type=int, default=BERT_STEPS)
+    parser.add_argument("--finetune-steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "companion/checkpoints/ch08_electra_vs_bert.json")
     args = parser.parse_args()
@@ -90,23 +95,24 @@ def main() -> None:
     sentences = [s for d in documents for s in d]
     tasks = {"replaced_word": split_task(replaced_word_task(sentences, tok, seed=SEED), seed=SEED),
              "capitalisation": split_task(capitalisation_task(sentences, tok), seed=SEED)}
-    out = {"seconds_budget": args.seconds, "batch_size": BATCH_SIZE, "lr": LR, "threads": args.threads,
+    out = {"bert_steps": args.bert_steps, "batch_size": BATCH_SIZE, "lr": LR, "threads": args.threads,
            "finetune_steps": args.finetune_steps, "config": dict(cfg.__dict__), "models": {}}
     for kind in ("bert", "electra"):
         model = build(kind, cfg)
-        get = batches()
-        probe = time.perf_counter()  # calibrate: steps that fit the budget
-        for step in range(5):
-            losses[kind](model, get(step)).backward()
-        per_step = (time.perf_counter() - probe) / 5
-        steps = max(10, int(args.seconds / per_step))
+        with FlopCounterMode(display=False) as counter:  # the FLOPs of one training step, forward and backward
+            losses[kind](model, batches()(0)).backward()
+        step_flops = counter.get_total_flops()
+        if kind == "bert":
+            budget = step_flops * args.bert_steps
+        steps = max(10, round(budget / step_flops))
         model = build(kind, cfg)
         t0 = time.perf_counter()
         hist = train(model, losses[kind], batches(), TrainConfig(steps=steps, lr=LR, warmup_steps=steps // 10,
                                                                  min_lr_ratio=0.1, weight_decay=0.01), desc=kind)
         seconds = time.perf_counter() - t0
         encoder = model.bert if kind == "bert" else model["discriminator"].bert
-        row = {"steps": steps, "seconds": round(seconds, 1), "final_train_loss": round(hist.train_loss[-1], 4),
+        row = {"steps": steps, "flops_per_step": step_flops, "pretrain_flops": step_flops * steps,
+               "seconds": round(seconds, 1), "final_train_loss": round(hist.train_loss[-1], 4),
                "parameters": count_parameters(model), "encoder_parameters": count_parameters(encoder)}
         for task, (tr, te) in tasks.items():
             torch.manual_seed(SEED)

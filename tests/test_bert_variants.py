@@ -184,3 +184,17 @@ def test_electra_loss_weights_the_discriminator_by_lambda():
     assert 0.0 < loss.replaced_fraction <= 1 / 3 + 1e-6  # only masked positions can change
     loss.total.backward()
     assert gen.bert.embeddings.token.weight.grad is not None and disc.out.weight.grad is not None
+
+
+def test_recorded_electra_vs_bert_run_has_equal_compute():
+    import json
+    from importlib import resources
+
+    rec = json.loads((resources.files("companion.checkpoints") / "ch08_electra_vs_bert.json").read_text())
+    b, e = rec["models"]["bert"], rec["models"]["electra"]
+    assert b["steps"] == rec["bert_steps"]
+    assert abs(e["pretrain_flops"] - b["pretrain_flops"]) <= e["flops_per_step"] / 2  # equal to one step
+    assert e["flops_per_step"] > b["flops_per_step"]  # the generator costs extra
+    assert b["encoder_parameters"] == e["encoder_parameters"]  # the same encoder is compared
+    for row in (b, e):
+        assert 0.0 <= row["replaced_word"] <= 1.0 and 0.0 <= row["capitalisation"] <= 1.0

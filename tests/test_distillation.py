@@ -77,3 +77,18 @@ def test_distillation_loss_terms():
     out.total.backward()
     assert student.bert.blocks[0].ffn.up.weight.grad is not None
     assert all(p.grad is None for p in teacher.parameters())
+
+
+def test_recorded_distillation_run_is_complete_and_sane():
+    import json
+    from importlib import resources
+
+    rec = json.loads((resources.files("companion.checkpoints") / "ch08_distill.json").read_text())
+    t, init, dist, mlm = rec["teacher"], rec["student_init"], rec["distilled"], rec["mlm_only"]
+    assert init["n_layers"] * 2 == t["n_layers"] and init["parameters"] < t["parameters"]
+    # what the chapter says: halving costs loss, training recovers most of it, distillation more than MLM alone
+    assert init["held_out_loss"] > t["held_out_loss"] + 0.1
+    assert dist["held_out_loss"] < mlm["held_out_loss"] < init["held_out_loss"]
+    assert dist["held_out_loss"] - t["held_out_loss"] < 0.1  # "close to the teacher"
+    assert dist["seconds"] > mlm["seconds"] > 0  # the teacher's forward pass costs time
+    assert rec["forward_speedup"] > 1.0
