@@ -160,12 +160,14 @@ def scaled_dot_product_attention(
         n_rep = q.shape[-3] // k.shape[-3]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (..., H, S, Dh)
     t, s = q.shape[-2], k.shape[-2]
+    plain_causal = False
     if is_causal and t > 1:  # one query (cached decoding) sees every key: nothing to mask
-        causal = causal_mask(t, s, device=q.device)  # (T, S), bottom-right aligned
-        plain_causal = mask is None and bias is None and t == s  # the kernel's own is_causal applies
-        mask = causal if mask is None else mask & causal
-    else:
-        plain_causal = False
+        # The fused kernel's own is_causal applies when nothing else masks: then no mask is built
+        # and no row can be empty (the fast path of a GPT's training step).
+        plain_causal = mask is None and bias is None and t == s and backend == "sdpa" and not return_weights
+        if not plain_causal:
+            causal = causal_mask(t, s, device=q.device)  # (T, S), bottom-right aligned
+            mask = causal if mask is None else mask & causal
     # A query with no visible key: its output is defined as zeros.
     empty_rows = None if mask is None else ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
 

@@ -324,3 +324,17 @@ def test_unscaled_attention_with_relative_bias_and_padding_equals_hugging_face_t
         want = hf(x, mask=hf_mask)[0]
         got = ours(x, padding_mask(keep), bias=rel(11))
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_is_causal_fast_path_gradients_equal_the_masked_path():
+    g = torch.Generator().manual_seed(11)
+    base = [torch.randn(2, 3, 9, 8, generator=g, dtype=torch.float64) for _ in range(3)]
+    grad = torch.randn(2, 3, 9, 8, generator=g, dtype=torch.float64)
+    grads = {}
+    for name, kwargs in {"fast": dict(is_causal=True, backend="sdpa"),
+                         "masked": dict(mask=torch.ones(9, 9, dtype=torch.bool).tril(), backend="manual")}.items():
+        q, k, v = (x.clone().requires_grad_() for x in base)
+        scaled_dot_product_attention(q, k, v, **kwargs).backward(grad)
+        grads[name] = [x.grad for x in (q, k, v)]
+    for a, b in zip(grads["fast"], grads["masked"]):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

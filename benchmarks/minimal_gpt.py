@@ -1,0 +1,104 @@
+"""The course's GPT against the fastest minimal GPT we could write (Chapter 13's speed goal).
+
+``MinimalGPT`` is what a speed-minded single-file GPT does (nanoGPT's ``model.py``
+is the best-known example; this one is our own, about 50 lines): fused QKV,
+``F.scaled_dot_product_attention(..., is_causal=True)``, pre-LN blocks, GELU
+(tanh approximation, as GPT-2), a final LayerNorm and a head tied to the token
+embedding. It is loaded with the course model's weights, so both compute the
+same function (checked before timing). The row is the training step (forward,
+cross-entropy, backward, AdamW) in tokens per second, at the thread count of
+the run; run it at 1 and 2 threads: ``--threads 1`` / ``--threads 2``.
+
+Config: 4 layers, width 128, 4 heads, 65-token vocabulary (characters), batch
+12 x 64: the configuration measured in issue 13.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import Row, Settings, paired_median_seconds
+
+VOCAB, D_MODEL, N_LAYERS, N_HEADS, BLOCK, BATCH = 65, 128, 4, 4, 64, 12
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Dh)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+
+class MinimalGPT(nn.Module):
+    def __init__(self, vocab: int, d: int, n_layers: int, n_heads: int, block: int) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.blocks = nn.ModuleList(_Block(d, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.tok.weight.T  # tied head
+
+
+def _pair():
+    from companion.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(vocab_size=VOCAB, max_positions=BLOCK, d_model=D_MODEL, n_layers=N_LAYERS,
+                         n_heads=N_HEADS, dropout=0.0))
+    minimal = MinimalGPT(VOCAB, D_MODEL, N_LAYERS, N_HEADS, BLOCK)
+    sd = ours.state_dict()
+    names = {"tok.weight": "wte.weight", "pos.weight": "wpe.weight", "ln_f.weight": "ln_f.weight",
+             "ln_f.bias": "ln_f.bias"}
+    for i in range(N_LAYERS):
+        for a, b in (("ln1", "norm1"), ("ln2", "norm2"), ("qkv", "self_attn.qkv"), ("proj", "self_attn.out"),
+                     ("up", "ffn.up"), ("down", "ffn.down")):
+            for w in ("weight", "bias"):
+                names[f"blocks.{i}.{a}.{w}"] = f"blocks.{i}.{b}.{w}"
+    minimal.load_state_dict({k: sd[v].clone() for k, v in names.items()})
+    return ours, minimal
+
+
+def _step(model, opt, x, y):
+    logits = model(x)
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def training(settings: Settings) -> list[Row]:
+    ours, minimal = _pair()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, VOCAB, (BATCH, BLOCK), generator=g)
+    y = torch.randint(0, VOCAB, (BATCH, BLOCK), generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), minimal(x), atol=1e-5, rtol=1e-5)
+    ours.train(), minimal.train()
+    opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    opt_b = torch.optim.AdamW(minimal.parameters(), lr=1e-4)
+    steps = 5 if settings.quick else 10
+    ta, tb = paired_median_seconds(lambda: [_step(ours, opt_a, x, y) for _ in range(steps)],
+                                   lambda: [_step(minimal, opt_b, x, y) for _ in range(steps)], settings)
+    tokens = steps * BATCH * BLOCK
+    return [Row("GPT training step vs a minimal fused GPT", f"4x128, 4 heads, B={BATCH}, T={BLOCK}, "
+                f"{torch.get_num_threads()} thread(s)", "companion", tokens / ta, "minimal GPT", tokens / tb, "tok/s")]
+
+
+BENCHMARKS = {"training": training}
