@@ -41,7 +41,7 @@ from torch import nn
 from ._checks import check_positive_int
 from .blocks import FeedForward
 
-__all__ = ["expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
+__all__ = ["moe_aux_loss", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
            "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
 
 
@@ -208,3 +208,13 @@ def from_hf_switch_mlp(hf_mlp, *, capacity: int) -> MoEFeedForward:
         ours.up.weight.copy_(theirs.wi.weight)
         ours.down.weight.copy_(theirs.wo.weight)
     return layer.eval()
+
+
+def moe_aux_loss(model: nn.Module, *, balance_weight: float = 0.01, z_weight: float = 0.001) -> torch.Tensor:
+    """The auxiliary losses of the last forward pass, summed over every :class:`MoEFeedForward` in ``model``:
+    ``balance_weight * load_balancing + z_weight * z`` (Switch's 0.01, ST-MoE's 0.001). 0 for a dense model."""
+    total = torch.zeros(())
+    for m in model.modules():
+        if isinstance(m, MoEFeedForward) and m.aux:
+            total = total + balance_weight * m.aux["load_balancing"] + z_weight * m.aux["z"]
+    return total

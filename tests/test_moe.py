@@ -99,3 +99,24 @@ def test_bad_inputs():
         expert_capacity(8, 2, 0.0)
     with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
         MoEFeedForward(8, 16, 4)(torch.randn(3, 8))
+
+
+def test_moe_gpt_trains_and_reports_auxiliary_losses():
+    from companion.models.gpt import GPT, GPTConfig, count_parameters
+    from companion.moe import moe_aux_loss
+
+    torch.manual_seed(0)
+    dense = GPT(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2))
+    moe = GPT(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2, n_experts=4))
+    assert all(isinstance(b.ffn, MoEFeedForward) for b in moe.blocks)
+    ffn_params = count_parameters(dense.blocks[0].ffn)  # each expert is one dense FFN
+    expert_params = count_parameters(moe.blocks[0].ffn.experts[0])
+    assert expert_params == ffn_params
+    assert count_parameters(moe) - count_parameters(dense) == 2 * (3 * ffn_params + 16 * 4)  # 3 more experts + router
+    idx = torch.randint(0, 20, (3, 12))
+    logits = moe(idx)
+    aux = moe_aux_loss(moe)
+    assert logits.shape == (3, 12, 20) and aux.item() > 0
+    (logits.logsumexp(-1).mean() + aux).backward()
+    assert moe.blocks[0].ffn.router.weight.grad is not None
+    assert moe_aux_loss(dense).item() == 0.0
