@@ -41,7 +41,7 @@ from torch import nn
 from ._checks import check_positive_int
 from .blocks import FeedForward
 
-__all__ = ["moe_aux_loss", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
+__all__ = ["moe_aux_loss", "moe_parameter_counts", "moe_layer_flops", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
            "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
 
 
@@ -218,3 +218,23 @@ def moe_aux_loss(model: nn.Module, *, balance_weight: float = 0.01, z_weight: fl
         if isinstance(m, MoEFeedForward) and m.aux:
             total = total + balance_weight * m.aux["load_balancing"] + z_weight * m.aux["z"]
     return total
+
+
+def moe_parameter_counts(model: nn.Module) -> dict[str, int]:
+    """``{"total": ..., "active": ...}``: all parameters, and those one token uses (its ``top_k`` experts of
+    every MoE layer, plus everything that is not an expert). A tied matrix counts once."""
+    total = sum(p.numel() for p in model.parameters())
+    idle = 0
+    for m in model.modules():
+        if isinstance(m, MoEFeedForward):
+            per_expert = sum(p.numel() for p in m.experts[0].parameters())
+            idle += (m.n_experts - m.top_k) * per_expert
+    return {"total": total, "active": total - idle}
+
+
+def moe_layer_flops(d_model: int, d_ff: int, n_experts: int, top_k: int, tokens: int) -> int:
+    """Matrix FLOPs of one MoE layer's forward pass when no token is dropped (multiply-add = 2 FLOPs):
+    the router (D x E per token) and ``top_k`` expert FFNs (2 D F per token each)."""
+    for name, v in (("d_model", d_model), ("d_ff", d_ff), ("n_experts", n_experts), ("top_k", top_k), ("tokens", tokens)):
+        check_positive_int(name, v)
+    return tokens * (2 * d_model * n_experts + top_k * 2 * (2 * d_model * d_ff))

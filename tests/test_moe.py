@@ -120,3 +120,35 @@ def test_moe_gpt_trains_and_reports_auxiliary_losses():
     (logits.logsumexp(-1).mean() + aux).backward()
     assert moe.blocks[0].ffn.router.weight.grad is not None
     assert moe_aux_loss(dense).item() == 0.0
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_flops_counted_by_torch_equal_the_formula(top_k):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from companion.moe import moe_layer_flops
+
+    torch.manual_seed(0)
+    layer = MoEFeedForward(16, 48, 4, top_k=top_k, capacity_factor=4.0)  # capacity for every token: none dropped
+    x = torch.randn(2, 10, 16)
+    with FlopCounterMode(display=False) as counter:
+        layer(x)
+    assert not (~layer.last_routing.dispatch.any(-1)).any()
+    assert counter.get_total_flops() == moe_layer_flops(16, 48, 4, top_k, tokens=20)
+
+
+def test_active_and_total_parameters_by_hand():
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.moe import moe_parameter_counts
+
+    cfg = dict(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    dense = GPT(GPTConfig(**cfg))
+    for top_k in (1, 2):
+        moe = GPT(GPTConfig(**cfg, n_experts=4, expert_top_k=top_k))
+        counts = moe_parameter_counts(moe)
+        expert = 16 * 32 + 32 + 32 * 16 + 16  # one FFN with biases
+        router = 16 * 4
+        assert counts["total"] == sum(p.numel() for p in moe.parameters())
+        # active = the dense model with top_k FFNs per layer, plus the routers
+        dense_total = sum(p.numel() for p in dense.parameters())
+        assert counts["active"] == dense_total + 2 * ((top_k - 1) * expert + router)
