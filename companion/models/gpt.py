@@ -52,6 +52,9 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, attention weights and residual branches
     bias: bool = True  # biases in linear layers and LayerNorms
     norm_eps: float = 1e-5  # epsilon of every LayerNorm
+    n_experts: int = 0  # > 0: every feed-forward network is a mixture of experts (companion.moe, Chapter 14)
+    expert_top_k: int = 1  # experts per token (1: Switch, 2: GShard/Mixtral)
+    capacity_factor: float = 1.25  # expert capacity = factor * top_k * tokens per sequence / n_experts
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_positions", "d_model", "n_layers", "n_heads"):
@@ -67,6 +70,8 @@ class GPTConfig:
         check_probability("dropout", self.dropout)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
+            raise ValueError(f"n_experts must be an int >= 0 (0: a dense FFN), got {self.n_experts!r}")
 
     @property
     def d_head(self) -> int:
@@ -108,7 +113,13 @@ class GPTBlock(Block):
         norm1 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
         attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.dropout, layer_idx=layer_idx)
         norm2 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
-        ffn = FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
+        if cfg.n_experts:
+            from ..moe import MoEFeedForward
+
+            ffn = MoEFeedForward(cfg.d_model, cfg.ff_size, cfg.n_experts, top_k=cfg.expert_top_k,
+                                 capacity_factor=cfg.capacity_factor, activation=cfg.activation, bias=cfg.bias)
+        else:
+            ffn = FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
         super().__init__(attn, ffn, norm1, norm2, norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 

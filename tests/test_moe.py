@@ -1,0 +1,154 @@
+"""Mixture of experts (companion.moe): routing, capacity, auxiliary losses, batched = loop = Hugging Face."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from companion.moe import (MoEFeedForward, expert_capacity, from_hf_switch_mlp, load_balancing_loss, moe_reference,
+                           route_top1, route_top2, router_z_loss)
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_load_balancing_loss_is_one_at_uniform_routing_and_e_when_collapsed():
+    e, t = 4, 8
+    probs = torch.full((2, t, e), 1 / e)
+    choice = (torch.arange(t) % e).expand(2, t).unsqueeze(-1)  # every expert chosen by a quarter of the tokens
+    assert load_balancing_loss(probs, choice).item() == pytest.approx(1.0, abs=1e-7)
+    collapsed_probs = torch.zeros(2, t, e)
+    collapsed_probs[..., 0] = 1.0
+    assert load_balancing_loss(collapsed_probs, torch.zeros(2, t, 1, dtype=torch.long)).item() == pytest.approx(e)
+
+
+def test_auxiliary_losses_equal_hugging_face():
+    from transformers.models.switch_transformers.modeling_switch_transformers import (load_balancing_loss_func,
+                                                                                      router_z_loss_func)
+    logits = torch.randn(3, 10, 5, generator=torch.Generator().manual_seed(0)) * 3
+    probs = logits.softmax(-1)
+    choice = probs.argmax(-1)
+    torch.testing.assert_close(load_balancing_loss(probs, choice.unsqueeze(-1)), load_balancing_loss_func(probs, choice))
+    torch.testing.assert_close(router_z_loss(logits), router_z_loss_func(logits))
+
+
+def test_capacity_serves_tokens_in_order_and_drops_the_rest():
+    # 5 tokens all prefer expert 1; capacity 2: tokens 0 and 1 are served, 2-4 dropped
+    logits = torch.tensor([[[0.0, 5.0, 0.0]] * 5])
+    r = route_top1(logits, capacity=2)
+    assert r.dispatch[0, :, 1].tolist() == [True, True, False, False, False]
+    assert not r.dispatch[0, :, [0, 2]].any()
+    assert torch.allclose(r.combine[0, :2, 1], logits[0, :2].softmax(-1)[:, 1])
+    assert (r.combine[0, 2:] == 0).all()
+    assert expert_capacity(64, 8, 1.25) == 10 and expert_capacity(5, 3, 1.0) == 2
+
+
+def test_top2_serves_every_first_choice_before_second_choices():
+    # expert 0 is everyone's second choice; token 2 has it as first choice; capacity 1
+    logits = torch.tensor([[[2.0, 3.0, 0.0], [2.0, 0.0, 3.0], [3.0, 2.0, 0.0]]])
+    r = route_top2(logits, capacity=1)
+    assert r.dispatch[0, 2, 0] and not r.dispatch[0, 0, 0] and not r.dispatch[0, 1, 0]
+    p = logits.softmax(-1)[0, 2]
+    # token 2: first choice 0 (served), second choice 1 (token 0 took expert 1 first): weight 0
+    assert r.combine[0, 2, 0].item() == pytest.approx((p[0] / (p[0] + p[1])).item())
+    assert r.combine[0, 2, 1].item() == 0.0
+
+
+@pytest.mark.parametrize("top_k,factor", [(1, 1.0), (1, 0.5), (2, 1.0), (2, 0.6)])
+def test_batched_experts_equal_the_per_token_loop(top_k, factor):
+    torch.manual_seed(0)
+    layer = MoEFeedForward(8, 16, 4, top_k=top_k, capacity_factor=factor)
+    x = torch.randn(3, 11, 8)
+    out = layer(x)
+    torch.testing.assert_close(out, moe_reference(layer, x), atol=1e-6, rtol=1e-6)
+    dropped = ~layer.last_routing.dispatch.any(-1)
+    if factor < 1:
+        assert dropped.any()  # a small capacity drops tokens ...
+        assert (out[dropped] == 0).all()  # ... whose output is zero: the residual carries them
+    assert set(layer.aux) == {"load_balancing", "z"}
+
+
+def test_gradients_reach_the_router_through_the_combine_weights():
+    torch.manual_seed(1)
+    layer = MoEFeedForward(8, 16, 4)
+    layer(torch.randn(2, 6, 8)).sum().backward()
+    assert layer.router.weight.grad is not None and layer.router.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("capacity", [64, 3])
+def test_equal_to_hugging_face_switch_sparse_mlp(capacity):
+    cfg = transformers.SwitchTransformersConfig(d_model=16, d_ff=32, num_experts=4, expert_capacity=capacity,
+                                                dropout_rate=0.0, router_jitter_noise=0.0)
+    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
+    torch.manual_seed(0)
+    hf = SwitchTransformersSparseMLP(cfg).eval()
+    with torch.no_grad():
+        hf.router.classifier.weight.normal_(0, 1.0)  # a confident router, so that capacity 3 drops tokens
+    ours = from_hf_switch_mlp(hf, capacity=capacity)
+    x = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref, out = hf(x), ours(x)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    if capacity == 3:
+        assert (~ours.last_routing.dispatch.any(-1)).any()
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="top_k"):
+        MoEFeedForward(8, 16, 4, top_k=3)
+    with pytest.raises(ValueError, match="capacity_factor"):
+        expert_capacity(8, 2, 0.0)
+    with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
+        MoEFeedForward(8, 16, 4)(torch.randn(3, 8))
+
+
+def test_moe_gpt_trains_and_reports_auxiliary_losses():
+    from companion.models.gpt import GPT, GPTConfig, count_parameters
+    from companion.moe import moe_aux_loss
+
+    torch.manual_seed(0)
+    dense = GPT(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2))
+    moe = GPT(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2, n_experts=4))
+    assert all(isinstance(b.ffn, MoEFeedForward) for b in moe.blocks)
+    ffn_params = count_parameters(dense.blocks[0].ffn)  # each expert is one dense FFN
+    expert_params = count_parameters(moe.blocks[0].ffn.experts[0])
+    assert expert_params == ffn_params
+    assert count_parameters(moe) - count_parameters(dense) == 2 * (3 * ffn_params + 16 * 4)  # 3 more experts + router
+    idx = torch.randint(0, 20, (3, 12))
+    logits = moe(idx)
+    aux = moe_aux_loss(moe)
+    assert logits.shape == (3, 12, 20) and aux.item() > 0
+    (logits.logsumexp(-1).mean() + aux).backward()
+    assert moe.blocks[0].ffn.router.weight.grad is not None
+    assert moe_aux_loss(dense).item() == 0.0
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_flops_counted_by_torch_equal_the_formula(top_k):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from companion.moe import moe_layer_flops
+
+    torch.manual_seed(0)
+    layer = MoEFeedForward(16, 48, 4, top_k=top_k, capacity_factor=4.0)  # capacity for every token: none dropped
+    x = torch.randn(2, 10, 16)
+    with FlopCounterMode(display=False) as counter:
+        layer(x)
+    assert not (~layer.last_routing.dispatch.any(-1)).any()
+    assert counter.get_total_flops() == moe_layer_flops(16, 48, 4, top_k, tokens=20)
+
+
+def test_active_and_total_parameters_by_hand():
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.moe import moe_parameter_counts
+
+    cfg = dict(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    dense = GPT(GPTConfig(**cfg))
+    for top_k in (1, 2):
+        moe = GPT(GPTConfig(**cfg, n_experts=4, expert_top_k=top_k))
+        counts = moe_parameter_counts(moe)
+        expert = 16 * 32 + 32 + 32 * 16 + 16  # one FFN with biases
+        router = 16 * 4
+        assert counts["total"] == sum(p.numel() for p in moe.parameters())
+        # active = the dense model with top_k FFNs per layer, plus the routers
+        dense_total = sum(p.numel() for p in dense.parameters())
+        assert counts["active"] == dense_total + 2 * ((top_k - 1) * expert + router)
