@@ -33,7 +33,7 @@ from .training import History, TrainConfig, train
 
 __all__ = [
     "corpus_documents", "split_sentences", "MLMBlocks", "build_mlm_blocks", "mlm_loss", "evaluate_mlm",
-    "split_blocks", "MLMRecord", "pretrain_mlm", "load_tiny_bert", "mask_held_out", "mlm_baselines",
+    "split_blocks", "masked_batches", "MLMRecord", "pretrain_mlm", "load_tiny_bert", "mask_held_out", "mlm_baselines",
 ]
 
 _HEADING = re.compile(r"^([^\n]+)\n\*{3,}$", re.M)  # a topic title underlined with asterisks
@@ -181,6 +181,28 @@ class MLMRecord:
     eval_accuracy: list[float] = field(default_factory=list)
 
 
+def masked_batches(blocks: MLMBlocks, batch_size: int, *, seed: int = 0, **mask_args):
+    """``get_batch(step) -> (masked_ids, attention_mask, labels)``: random blocks, masked afresh each time.
+
+    The block draws and the masks come from two generators seeded from ``seed``, so
+    two loops built with the same seed see the same batches and the same masks.
+    ``mask_args`` go to :class:`companion.mlm.DynamicMasking` (``mask_id``,
+    ``special_ids``, ``vocab_size``, ...).
+    """
+    if len(blocks) == 0:
+        raise ValueError("blocks is empty")
+    gen = torch.Generator().manual_seed(seed)
+    masker = DynamicMasking(seed=seed + 1, **mask_args)
+
+    def get_batch(step: int):
+        idx = torch.randint(len(blocks), (batch_size,), generator=gen)
+        ids, att = blocks.input_ids[idx], blocks.attention_mask[idx]
+        masked, labels = masker(ids, att)
+        return masked, att, labels
+
+    return get_batch
+
+
 def pretrain_mlm(model: nn.Module, train_blocks: MLMBlocks, held_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                  cfg: TrainConfig, *, batch_size: int, mask_id: int, special_ids: list[int], vocab_size: int,
                  seed: int = 0, progress: bool = True) -> MLMRecord:
@@ -191,15 +213,9 @@ def pretrain_mlm(model: nn.Module, train_blocks: MLMBlocks, held_out: tuple[torc
     """
     if len(train_blocks) == 0:
         raise ValueError("train_blocks is empty")
-    gen = torch.Generator().manual_seed(seed)
-    masker = DynamicMasking(seed=seed + 1, mask_id=mask_id, special_ids=special_ids, vocab_size=vocab_size)
+    get_batch = masked_batches(train_blocks, batch_size, seed=seed, mask_id=mask_id, special_ids=special_ids,
+                               vocab_size=vocab_size)
     accuracy: list[float] = []
-
-    def get_batch(step: int):
-        idx = torch.randint(len(train_blocks), (batch_size,), generator=gen)
-        ids, att = train_blocks.input_ids[idx], train_blocks.attention_mask[idx]
-        masked, labels = masker(ids, att)
-        return masked, att, labels
 
     def eval_fn(m: nn.Module) -> float:
         loss, acc = evaluate_mlm(m, *held_out)

@@ -24,10 +24,9 @@ import torch
 
 from companion.data import load_pydoc_text
 from companion.distillation import distillation_loss, student_from_teacher
-from companion.mlm import DynamicMasking
 from companion.models.bert import count_parameters
 from companion.pretraining import (build_mlm_blocks, corpus_documents, evaluate_mlm, load_tiny_bert, mask_held_out,
-                                   mlm_loss, split_blocks)
+                                   masked_batches, mlm_loss, split_blocks)
 from companion.training import TrainConfig, train
 
 STEPS = 400
@@ -51,16 +50,8 @@ def main() -> None:
     held = mask_held_out(held_blocks, **mask_args)
     tcfg = dataclasses.replace(TRAIN, steps=args.steps, warmup_steps=min(TRAIN.warmup_steps, args.steps))
 
-    def batches():
-        gen = torch.Generator().manual_seed(SEED)
-        masker = DynamicMasking(seed=SEED + 1, **mask_args)
-
-        def get(step):
-            idx = torch.randint(len(train_blocks), (BATCH_SIZE,), generator=gen)
-            ids, att = train_blocks.input_ids[idx], train_blocks.attention_mask[idx]
-            masked, labels = masker(ids, att)
-            return masked, att, labels
-        return get
+    def batches():  # the same batches and masks for every model trained here
+        return masked_batches(train_blocks, BATCH_SIZE, seed=SEED, **mask_args)
 
     def evaluate(model):
         loss, acc = evaluate_mlm(model, *held)

@@ -33,11 +33,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from companion.data import load_pydoc_text
 from companion.finetuning import capitalisation_task, finetune, replaced_word_task, split_task
-from companion.mlm import DynamicMasking
 from companion.models.bert import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForTokenClassification,
                                    count_parameters)
 from companion.models.electra import ElectraDiscriminator, electra_loss
-from companion.pretraining import build_mlm_blocks, corpus_documents, load_tiny_bert, mlm_loss, split_blocks
+from companion.pretraining import (build_mlm_blocks, corpus_documents, load_tiny_bert, masked_batches, mlm_loss,
+                                   split_blocks)
 from companion.training import TrainConfig, train
 
 BERT_STEPS = 600
@@ -76,16 +76,8 @@ def main() -> None:
     mask_args = dict(mask_id=tok.vocab["[MASK]"], special_ids=tok.special_ids, vocab_size=tok.vocab_size)
     sampler = torch.Generator().manual_seed(SEED + 2)
 
-    def batches():
-        gen = torch.Generator().manual_seed(SEED)
-        masker = DynamicMasking(seed=SEED + 1, **mask_args)
-
-        def get(step):
-            idx = torch.randint(len(train_blocks), (BATCH_SIZE,), generator=gen)
-            ids, att = train_blocks.input_ids[idx], train_blocks.attention_mask[idx]
-            masked, labels = masker(ids, att)
-            return masked, att, labels
-        return get
+    def batches():  # the same batches and masks for every model trained here
+        return masked_batches(train_blocks, BATCH_SIZE, seed=SEED, **mask_args)
 
     losses = {
         "bert": mlm_loss,

@@ -21,7 +21,7 @@ swapped or not); its GELU is the tanh approximation (``gelu_new``).
 from __future__ import annotations
 
 from ._hf import copy_by_name_map, hf_source
-from .bert import _ACTIVATIONS, BertConfig, BertForMaskedLM, BertModel, _encoder_names, _fuse_qkv
+from .bert import BertConfig, BertForMaskedLM, BertModel, _encoder_names, _fuse_qkv, config_from_hf
 
 __all__ = ["ALBERT_CONFIGS", "albert_config_from_hf", "from_hf_albert"]
 
@@ -42,23 +42,10 @@ _ALBERT_LAYER_NAMES = {"self_attn.qkv": "attention.{query,key,value}", "self_att
 
 def albert_config_from_hf(hf_config) -> BertConfig:
     """``BertConfig`` equivalent to a Hugging Face ``AlbertConfig`` (all layers in one shared group)."""
-    if getattr(hf_config, "model_type", None) != "albert":
-        raise TypeError(f"expected an ALBERT config, got model_type={getattr(hf_config, 'model_type', None)!r}")
-    if hf_config.num_hidden_groups != 1 or hf_config.inner_group_num != 1:
+    if getattr(hf_config, "num_hidden_groups", 1) != 1 or getattr(hf_config, "inner_group_num", 1) != 1:
         raise ValueError("only num_hidden_groups=1 and inner_group_num=1 (every released ALBERT) are supported, "
                          f"got {hf_config.num_hidden_groups} and {hf_config.inner_group_num}")
-    act = hf_config.hidden_act
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
-    if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
-        raise ValueError("the course's BERT has one dropout probability; this config uses two different ones")
-    return BertConfig(
-        vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers,
-        n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
-        max_positions=hf_config.max_position_embeddings, n_segments=hf_config.type_vocab_size,
-        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=_ACTIVATIONS[act],
-        pad_id=hf_config.pad_token_id or 0, embedding_size=hf_config.embedding_size, share_layers=True,
-    )
+    return config_from_hf(hf_config, model_type="albert", embedding_size=hf_config.embedding_size, share_layers=True)
 
 
 def from_hf_albert(source) -> BertModel | BertForMaskedLM:

@@ -362,11 +362,16 @@ def count_parameters(model: nn.Module) -> int:
 
 # --- Hugging Face weights -------------------------------------------------------------------------
 
-def config_from_hf(hf_config) -> BertConfig:
-    """``BertConfig`` equivalent to a Hugging Face ``BertConfig`` (or a folder's config.json)."""
-    model_type = getattr(hf_config, "model_type", "bert")
-    if model_type != "bert":
-        raise TypeError(f"expected a BERT config, got model_type={model_type!r}")
+def config_from_hf(hf_config, *, model_type: str = "bert", **switches) -> BertConfig:
+    """``BertConfig`` equivalent to a Hugging Face config of a BERT-like encoder (or a folder's config.json).
+
+    ``model_type`` is the HF ``model_type`` expected (``"bert"``, ``"roberta"``, ``"albert"``,
+    ``"electra"``); ``switches`` are the variant's own ``BertConfig`` fields
+    (``positions_from_padding``, ``embedding_size``, ``share_layers``).
+    """
+    found = getattr(hf_config, "model_type", "bert")
+    if found != model_type:
+        raise TypeError(f"expected a {model_type} config, got model_type={found!r}")
     if getattr(hf_config, "position_embedding_type", "absolute") != "absolute":
         raise ValueError("only absolute (learned) position embeddings are supported, "
                          f"got {hf_config.position_embedding_type!r}")
@@ -380,7 +385,7 @@ def config_from_hf(hf_config) -> BertConfig:
         n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
         max_positions=hf_config.max_position_embeddings, n_segments=getattr(hf_config, "type_vocab_size", 2),
         norm_eps=getattr(hf_config, "layer_norm_eps", 1e-12), dropout=getattr(hf_config, "hidden_dropout_prob", 0.1),
-        activation=_ACTIVATIONS[act], pad_id=getattr(hf_config, "pad_token_id", 0) or 0,
+        activation=_ACTIVATIONS[act], pad_id=getattr(hf_config, "pad_token_id", 0) or 0, **switches,
     )
 
 

@@ -32,8 +32,8 @@ from torch import nn
 from ..blocks import _ACTIVATIONS as _ACTIVATION_FNS
 from ..mlm import IGNORE_INDEX
 from ._hf import copy_by_name_map, hf_source
-from .bert import (_ACTIVATIONS, _HF_IGNORE, BertConfig, BertForMaskedLM, BertModel, _encoder_names, _fuse_qkv,
-                   _init_weights)
+from .bert import (_HF_IGNORE, BertConfig, BertForMaskedLM, BertModel, _encoder_names, _fuse_qkv, _init_weights,
+                   config_from_hf)
 
 __all__ = ["ELECTRA_SMALL", "ElectraDiscriminator", "replaced_token_labels", "corrupt_with_generator",
            "ElectraLoss", "electra_loss", "electra_config_from_hf", "from_hf_electra"]
@@ -108,23 +108,8 @@ def electra_loss(generator: BertForMaskedLM, discriminator: ElectraDiscriminator
 
 def electra_config_from_hf(hf_config) -> BertConfig:
     """``BertConfig`` equivalent to a Hugging Face ``ElectraConfig``."""
-    if getattr(hf_config, "model_type", None) != "electra":
-        raise TypeError(f"expected an ELECTRA config, got model_type={getattr(hf_config, 'model_type', None)!r}")
-    act = hf_config.hidden_act
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
-    if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
-        raise ValueError("the course's BERT has one dropout probability; this config uses two different ones")
-    if getattr(hf_config, "position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"only absolute positions are supported, got {hf_config.position_embedding_type!r}")
-    return BertConfig(
-        vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers,
-        n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
-        max_positions=hf_config.max_position_embeddings, n_segments=hf_config.type_vocab_size,
-        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=_ACTIVATIONS[act],
-        pad_id=hf_config.pad_token_id or 0,
-        embedding_size=None if hf_config.embedding_size == hf_config.hidden_size else hf_config.embedding_size,
-    )
+    e = hf_config.embedding_size
+    return config_from_hf(hf_config, model_type="electra", embedding_size=None if e == hf_config.hidden_size else e)
 
 
 def from_hf_electra(source) -> ElectraDiscriminator:

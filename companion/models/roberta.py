@@ -21,8 +21,7 @@ more data and a byte-level BPE vocabulary of 50K (Chapter 9's tokenizer).
 from __future__ import annotations
 
 from ._hf import copy_by_name_map, hf_source
-from .bert import (_ACTIVATIONS, _HF_IGNORE, BertConfig, BertForMaskedLM, BertModel, _encoder_names,
-                   _fuse_qkv)
+from .bert import _HF_IGNORE, BertConfig, BertForMaskedLM, BertModel, _encoder_names, _fuse_qkv, config_from_hf
 
 __all__ = ["ROBERTA_BASE", "ROBERTA_LARGE", "roberta_config_from_hf", "from_hf_roberta"]
 
@@ -35,20 +34,7 @@ ROBERTA_LARGE = BertConfig(vocab_size=50265, d_model=1024, n_layers=24, n_heads=
 
 def roberta_config_from_hf(hf_config) -> BertConfig:
     """``BertConfig`` equivalent to a Hugging Face ``RobertaConfig``."""
-    if getattr(hf_config, "model_type", None) != "roberta":
-        raise TypeError(f"expected a RoBERTa config, got model_type={getattr(hf_config, 'model_type', None)!r}")
-    act = hf_config.hidden_act
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
-    if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
-        raise ValueError("the course's BERT has one dropout probability; this config uses two different ones")
-    return BertConfig(
-        vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers,
-        n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
-        max_positions=hf_config.max_position_embeddings, n_segments=hf_config.type_vocab_size,
-        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=_ACTIVATIONS[act],
-        pad_id=hf_config.pad_token_id, positions_from_padding=True,
-    )
+    return config_from_hf(hf_config, model_type="roberta", positions_from_padding=True)
 
 
 def from_hf_roberta(source) -> BertModel | BertForMaskedLM:
