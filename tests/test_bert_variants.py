@@ -36,6 +36,15 @@ def _batch(pad_id, seed=0, b=3, t=10):
     return ids, att
 
 
+def _assert_same_outputs(out, ref, att, head):
+    real = att.bool()  # padded positions' outputs are used by nobody; compare the real ones
+    if head == "mlm":
+        torch.testing.assert_close(out.mlm_logits[real], ref.logits[real], atol=ATOL, rtol=ATOL)
+    else:
+        torch.testing.assert_close(out.hidden[real], ref.last_hidden_state[real], atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(out.pooled, ref.pooler_output, atol=ATOL, rtol=ATOL)
+
+
 # --- RoBERTa ------------------------------------------------------------------------------------------
 
 def test_padding_position_ids_by_hand():
@@ -55,12 +64,7 @@ def test_roberta_matches_hugging_face_with_padding(head):
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=att)
         out = ours(ids, att)
-    real = att.bool()
-    if head == "mlm":
-        torch.testing.assert_close(out.mlm_logits[real], ref.logits[real], atol=ATOL, rtol=ATOL)
-    else:
-        torch.testing.assert_close(out.hidden[real], ref.last_hidden_state[real], atol=ATOL, rtol=ATOL)
-        torch.testing.assert_close(out.pooled, ref.pooler_output, atol=ATOL, rtol=ATOL)
+    _assert_same_outputs(out, ref, att, head)
 
 
 def test_roberta_positions_matter():
@@ -99,12 +103,7 @@ def test_albert_matches_hugging_face_with_padding(head):
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=att)
         out = ours(ids, att)
-    real = att.bool()
-    if head == "mlm":
-        torch.testing.assert_close(out.mlm_logits[real], ref.logits[real], atol=ATOL, rtol=ATOL)
-    else:
-        torch.testing.assert_close(out.hidden[real], ref.last_hidden_state[real], atol=ATOL, rtol=ATOL)
-        torch.testing.assert_close(out.pooled, ref.pooler_output, atol=ATOL, rtol=ATOL)
+    _assert_same_outputs(out, ref, att, head)
 
 
 def test_albert_shares_one_block():
