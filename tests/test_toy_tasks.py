@@ -82,3 +82,23 @@ def test_train_batches_never_contain_heldout_strings():
     for _ in range(20):
         seen.update(_strings(make_batch(256, min_len=1, max_len=6, generator=gen)))
     assert len(seen) > 3000 and not (seen & held)
+
+
+# --- text-to-text prefix tasks (Chapter 11) ---
+def test_text_to_text_answers_are_correct():
+    import pytest
+    from companion.text_to_text import make_example, make_mixture
+
+    for source, target in make_mixture(300, seed=1):
+        prefix, body = source.split(": ", 1)
+        if prefix == "add":
+            a, b = body.split(" + ")
+            assert int(target) == int(a) + int(b)
+        else:
+            toks = body.split()
+            expected = list(reversed(toks)) if prefix == "reverse" else sorted(toks, key=int)
+            assert target.split() == expected
+    assert make_mixture(30, seed=2) == make_mixture(30, seed=2)
+    with pytest.raises(ValueError, match="task"):
+        import random
+        make_example("copy", random.Random(0))
