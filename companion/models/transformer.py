@@ -253,16 +253,20 @@ def seq2seq_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, *, bo
 
 
 class EncodedSource:
-    """A :class:`Transformer` with its source encoded: the decoder as a causal LM for :mod:`companion.generation`.
+    """An encoder-decoder with its source encoded: the decoder as a causal LM for :mod:`companion.generation`.
+
+    Works for any model with ``decode(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=...)``,
+    ``new_cache()`` and ``max_positions`` (:class:`Transformer`, Chapter 11's
+    :class:`~companion.models.encoder_decoder.EncoderDecoder`).
 
     ``generate`` and ``beam_search`` drive it like a decoder-only model
     (``new_cache``, ``max_positions``, ``__call__``); beam search feeds
     ``K`` rows per source, so memory rows are repeated to match.
     """
 
-    def __init__(self, model: Transformer, memory: torch.Tensor, src_attention_mask: torch.Tensor) -> None:
+    def __init__(self, model: nn.Module, memory: torch.Tensor, src_attention_mask: torch.Tensor) -> None:
         self.model, self.memory, self.src_attention_mask = model, memory, src_attention_mask
-        self.max_positions = model.cfg.max_positions
+        self.max_positions = getattr(model, "max_positions", None) or model.cfg.max_positions
 
     def new_cache(self) -> EncoderDecoderCache:
         return self.model.new_cache()
