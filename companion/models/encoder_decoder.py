@@ -266,11 +266,13 @@ class EncoderDecoder(nn.Module):
         start = 0 if cache is None else cache.length
         t = tgt_in.shape[1]
         if tgt_attention_mask is None:
-            self_mask = causal_mask(t, start + t, device=tgt_in.device)  # (T, start + T), bottom-right
+            # One new query sees every cached key: no mask at all (the cached decoding step).
+            self_mask = None if t == 1 else causal_mask(t, start + t, device=tgt_in.device)  # (T, start + T), bottom-right
         else:
             sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
             self_mask = combine_masks(causal_mask(t, start + t, device=tgt_in.device), padding_mask(tgt_attention_mask))
-        cross_mask = cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
+        # No source padding in the batch: no cross-attention mask (one check here instead of one per layer).
+        cross_mask = None if bool(src_attention_mask.all()) else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
         bias = self.decoder_bias(t, start + t) if self.cfg.positions == "relative" else None  # (1, H, T, start + T)
         x = self._embed(tgt_in, start, decoder=True)
         for block in self.decoder:
