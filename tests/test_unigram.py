@@ -87,7 +87,9 @@ def test_matches_sentencepiece_and_training_is_deterministic(tok):
     trained, model = train_unigram(lines, n_pieces=2000, n_sentinels=100, return_model=True)
     _, model2 = train_unigram(lines, n_pieces=2000, n_sentinels=100, return_model=True)
     assert model == model2, "two trainings gave different models"
-    assert trained.pieces == tok.pieces, "the shipped vocabulary is not what training gives"
+    # same pieces in the same order; scores to float32 precision (the shipped file is the reference)
+    assert [p for p, _ in trained.pieces] == [p for p, _ in tok.pieces], "the shipped vocabulary is not what training gives"
+    assert all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for (_, a), (_, b) in zip(trained.pieces, tok.pieces))
     sp = spm.SentencePieceProcessor(model_proto=model)
     rng = random.Random(2)
     sample = rng.sample(lines, 400)
