@@ -95,11 +95,11 @@ def bench_generation(settings: Settings) -> list[Row]:
 
 def bench_cache(settings: Settings) -> list[Row]:
     _, ours = _models()
-    batch, s = 4, 64
+    batch, s = 2, 32
     src, att = _batch(batch, s)
     rows = []
     with torch.no_grad():
-        for n in ((16, 64) if settings.quick else (16, 64, 128)):
+        for n in ((16, 48) if settings.quick else (16, 48, 96)):
             if _ours_greedy(ours, src, att, n).tolist() != _ours_greedy(ours, src, att, n, use_cache=False).tolist():
                 raise AssertionError("cached and recomputed decoding disagree")
             ta, tb = paired_median_seconds(lambda: _ours_greedy(ours, src, att, n, use_cache=False),

@@ -118,6 +118,8 @@ class TextToTextRecipe:
     d_ff: int = 512
     n_layers: int = 2
     version: str = "1.0"
+    num_buckets: int = 32  # relative-position buckets (T5: 32, exact up to distance 8 in the encoder)
+    max_distance: int = 128
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1500, lr=3e-3, warmup_steps=100,
                                                                    weight_decay=0.01, eval_every=250))
     batch_size: int = 64
@@ -128,6 +130,7 @@ class TextToTextRecipe:
     def model_config(self, vocab: CharVocab) -> EncoderDecoderConfig:
         return t5_config(len(vocab), d_model=self.d_model, d_kv=self.d_kv, d_ff=self.d_ff, n_layers=self.n_layers,
                          n_heads=self.n_heads, version=self.version, dropout=0.0, max_positions=64,
+                         num_buckets=self.num_buckets, max_distance=self.max_distance,
                          pad_id=vocab.pad_id, eos_id=vocab.eos_id)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from companion.models.bart import bart_config, from_hf_bart, load_pretrained_bart
-from companion.models.encoder_decoder import EncoderDecoder, generate_seq2seq, parameter_count
+from companion.models.encoder_decoder import EncoderDecoder, config_differences, generate_seq2seq, parameter_count
 from companion.models.t5 import t5_config
 
 transformers = pytest.importorskip("transformers")
@@ -115,6 +115,10 @@ def test_t5_and_bart_differ_only_in_config_fields():
         100, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=1, n_decoder_layers=1)
     assert type(EncoderDecoder(t5)) is type(EncoderDecoder(bart))
     differ = {f for f in t5.__dataclass_fields__ if getattr(t5, f) != getattr(bart, f)}
+    assert set(config_differences(t5, bart)) == differ and config_differences(t5, t5) == {}
+    assert config_differences(t5, bart)["norm_first"] == (True, False)
+    with pytest.raises(TypeError, match="EncoderDecoderConfig"):
+        config_differences(t5, {})
     assert {"norm", "norm_first", "bias", "scale_attention", "positions", "embedding_norm", "final_norm",
             "scale_output", "final_logits_bias"} <= differ
 

@@ -17,11 +17,11 @@ VARIANTS = {  # (feed_forward_proj, tied head): T5 v1.0 and T5 v1.1
 }
 
 
-def _hf_t5(variant: str, *, n_decoder_layers: int = 2, seed: int = 0):
+def _hf_t5(variant: str, *, n_decoder_layers: int = 2, seed: int = 0, vocab_size: int = V):
     proj, tie = VARIANTS[variant]
     torch.manual_seed(seed)
     cfg = transformers.T5Config(
-        vocab_size=V, d_model=24, d_kv=7, d_ff=40, num_layers=2, num_decoder_layers=n_decoder_layers, num_heads=3,
+        vocab_size=vocab_size, d_model=24, d_kv=7, d_ff=40, num_layers=2, num_decoder_layers=n_decoder_layers, num_heads=3,
         feed_forward_proj=proj, tie_word_embeddings=tie, relative_attention_num_buckets=8,
         relative_attention_max_distance=20, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
     hf = transformers.T5ForConditionalGeneration(cfg)
@@ -35,9 +35,9 @@ def _hf_t5(variant: str, *, n_decoder_layers: int = 2, seed: int = 0):
     return hf.eval()
 
 
-def _batch(seed: int = 0, b: int = 3, s: int = 11):
+def _batch(seed: int = 0, b: int = 3, s: int = 11, vocab_size: int = V):
     g = torch.Generator().manual_seed(seed)
-    src = torch.randint(2, V, (b, s), generator=g)
+    src = torch.randint(2, vocab_size, (b, s), generator=g)
     att = torch.ones(b, s, dtype=torch.long)
     att[1, 7:] = 0  # right padding, as T5's tokenizer pads
     att[2, 4:] = 0
@@ -99,15 +99,20 @@ def test_generation_equals_hugging_face_generate(variant, num_beams):
         assert out.tolist() == ref.tolist()
 
 
-def test_some_generation_reaches_eos():
-    """The EOS handling above is exercised: a model whose EOS logit dominates stops at once."""
-    hf = _hf_t5("v1.0")
-    model = from_hf_t5(hf)
-    with torch.no_grad():
-        model.embed.weight[1] *= 50.0
-    src, att = _batch()
-    out = generate_seq2seq(model, src, src_attention_mask=att, max_new_tokens=5)
-    assert out[:, 1].tolist() == [1, 1, 1] and out.shape == (3, 2)
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generations_that_stop_at_eos_equal_hugging_face(num_beams):
+    """With 6 tokens EOS comes soon: the finishing and padding rules are exercised, not only the length limit."""
+    for seed in range(20):
+        hf = _hf_t5("v1.1", seed=seed, vocab_size=6)
+        src, att = _batch(seed=seed, vocab_size=6)
+        ref = hf.generate(input_ids=src, attention_mask=att, max_new_tokens=20, do_sample=False, num_beams=num_beams,
+                          decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+        if any(1 in row for row in _upto_eos(ref)):
+            break
+    else:
+        pytest.fail("no seed gave a generation that ends with EOS")
+    out = generate_seq2seq(from_hf_t5(hf), src, src_attention_mask=att, max_new_tokens=20, num_beams=num_beams)
+    assert _upto_eos(out) == _upto_eos(ref)
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_ma
 from ..positional import RelativePositionBias
 from .transformer import EncodedSource
 
-__all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "parameter_count"]
+__all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "parameter_count", "config_differences"]
 
 
 @dataclass(frozen=True)
@@ -378,3 +378,11 @@ def parameter_count(cfg: EncoderDecoderConfig) -> int:
     with torch.device("meta"):
         model = EncoderDecoder(cfg)
     return sum(p.numel() for p in model.parameters())
+
+
+def config_differences(a: EncoderDecoderConfig, b: EncoderDecoderConfig) -> dict[str, tuple[Any, Any]]:
+    """``{field: (value in a, value in b)}`` for every field where two configs differ (T5 beside BART)."""
+    for name, cfg in (("a", a), ("b", b)):
+        if not isinstance(cfg, EncoderDecoderConfig):
+            raise TypeError(f"{name} must be an EncoderDecoderConfig, got {type(cfg).__name__}")
+    return {f.name: (getattr(a, f.name), getattr(b, f.name)) for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)}
