@@ -30,7 +30,7 @@ import torch
 from ._hf import LoadReport, copy_by_name_map, hf_source
 from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig, parameter_count
 
-__all__ = ["t5_config", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
+__all__ = ["t5_config", "T5_SMALL", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
            "hf_t5_name_map"]
 
 
@@ -75,6 +75,8 @@ def t5_config(
         pad_id=pad_id, eos_id=eos_id, decoder_start_id=pad_id, init="t5",
     )
 
+
+T5_SMALL = t5_config()  # t5-small: 60.5M parameters, vocabulary 32,128
 
 # Published configurations (Raffel et al. 2020, table 14 and the released gin/HF configs;
 # T5 v1.1 and Flan-T5 share one architecture per size). "published" is the size quoted
