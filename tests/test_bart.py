@@ -149,3 +149,13 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.randint(3, 50, (1, 9)), torch.full((1, 2), EOS))
     with pytest.raises(FileNotFoundError, match="not a folder"):
         load_pretrained_bart("/nonexistent/bart")
+
+
+def test_bart_large_count_equals_hugging_face_on_the_meta_device():
+    """BartConfig's defaults are bart-large's; both models are built without memory."""
+    from companion.models.bart import BART_SIZES
+
+    with torch.device("meta"):
+        hf = transformers.BartForConditionalGeneration(transformers.BartConfig())
+    spec = {k: v for k, v in BART_SIZES["bart-large"].items() if k != "published"}
+    assert parameter_count(bart_config(**spec)) == sum(p.numel() for p in hf.parameters())

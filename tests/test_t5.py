@@ -172,6 +172,8 @@ def test_size_table_counts_against_the_closed_form_and_published_sizes():
     for name, row in rows.items():
         spec = {k: v for k, v in T5_SIZES[name].items() if k != "published"}
         assert row["params"] == _closed_form(**spec)
+        if row["published"] is None:
+            continue
         published = float(row["published"][:-1]) * (1e9 if row["published"].endswith("B") else 1e6)
         assert abs(row["params"] - published) / published < 0.06, name
     # t5-3b and t5-11b keep d_model = 1024: they grow through d_ff, the number of heads and d_kv

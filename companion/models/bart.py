@@ -29,7 +29,7 @@ import torch
 from ._hf import LoadReport, copy_by_name_map, hf_source
 from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
-__all__ = ["bart_config", "BART_SIZES", "config_from_hf_bart", "from_hf_bart", "load_pretrained_bart", "hf_bart_name_map"]
+__all__ = ["bart_config", "BART_BASE", "BART_SIZES", "config_from_hf_bart", "from_hf_bart", "load_pretrained_bart", "hf_bart_name_map"]
 
 BART_POSITION_OFFSET = 2
 
@@ -62,6 +62,8 @@ def bart_config(
         pad_id=pad_id, eos_id=eos_id, decoder_start_id=decoder_start_id, init="bart",
     )
 
+
+BART_BASE = bart_config()  # facebook/bart-base
 
 BART_SIZES: dict[str, dict[str, Any]] = {  # Lewis et al. (2020), section 3 and the released configs
     "bart-base": dict(d_model=768, n_heads=12, d_ff=3072, n_encoder_layers=6, n_decoder_layers=6, published="140M"),

@@ -30,7 +30,7 @@ import torch
 from ._hf import LoadReport, copy_by_name_map, hf_source
 from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig, parameter_count
 
-__all__ = ["t5_config", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
+__all__ = ["t5_config", "T5_SMALL", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
            "hf_t5_name_map"]
 
 
@@ -76,20 +76,23 @@ def t5_config(
     )
 
 
+T5_SMALL = t5_config()  # t5-small: 60.5M parameters, vocabulary 32,128
+
 # Published configurations (Raffel et al. 2020, table 14 and the released gin/HF configs;
 # T5 v1.1 and Flan-T5 share one architecture per size). "published" is the size quoted
-# in the paper or model card; the count itself is computed by t5_size_table().
+# in the paper (None: no count is quoted for v1.1); the count itself is computed by
+# t5_size_table(). t5-large counts 738M although the paper says 770M.
 T5_SIZES: dict[str, dict[str, Any]] = {
     "t5-small": dict(d_model=512, d_kv=64, d_ff=2048, n_layers=6, n_heads=8, version="1.0", published="60M"),
     "t5-base": dict(d_model=768, d_kv=64, d_ff=3072, n_layers=12, n_heads=12, version="1.0", published="220M"),
     "t5-large": dict(d_model=1024, d_kv=64, d_ff=4096, n_layers=24, n_heads=16, version="1.0", published="770M"),
     "t5-3b": dict(d_model=1024, d_kv=128, d_ff=16384, n_layers=24, n_heads=32, version="1.0", published="2.8B"),
     "t5-11b": dict(d_model=1024, d_kv=128, d_ff=65536, n_layers=24, n_heads=128, version="1.0", published="11B"),
-    "t5-v1_1-small": dict(d_model=512, d_kv=64, d_ff=1024, n_layers=8, n_heads=6, version="1.1", published="77M"),
-    "t5-v1_1-base": dict(d_model=768, d_kv=64, d_ff=2048, n_layers=12, n_heads=12, version="1.1", published="248M"),
-    "t5-v1_1-large": dict(d_model=1024, d_kv=64, d_ff=2816, n_layers=24, n_heads=16, version="1.1", published="783M"),
-    "t5-v1_1-xl": dict(d_model=2048, d_kv=64, d_ff=5120, n_layers=24, n_heads=32, version="1.1", published="2.85B"),
-    "t5-v1_1-xxl": dict(d_model=4096, d_kv=64, d_ff=10240, n_layers=24, n_heads=64, version="1.1", published="11.3B"),
+    "t5-v1_1-small": dict(d_model=512, d_kv=64, d_ff=1024, n_layers=8, n_heads=6, version="1.1", published=None),
+    "t5-v1_1-base": dict(d_model=768, d_kv=64, d_ff=2048, n_layers=12, n_heads=12, version="1.1", published=None),
+    "t5-v1_1-large": dict(d_model=1024, d_kv=64, d_ff=2816, n_layers=24, n_heads=16, version="1.1", published=None),
+    "t5-v1_1-xl": dict(d_model=2048, d_kv=64, d_ff=5120, n_layers=24, n_heads=32, version="1.1", published=None),
+    "t5-v1_1-xxl": dict(d_model=4096, d_kv=64, d_ff=10240, n_layers=24, n_heads=64, version="1.1", published=None),
 }
 
 
