@@ -30,8 +30,8 @@ from .models.t5 import t5_config
 from .text_to_text import TASKS, make_example
 from .training import TrainConfig, train
 
-__all__ = ["CharVocab", "TextToTextRecipe", "encode_pairs", "exact_match_by_task", "heldout_pairs",
-           "train_text_to_text", "load_text_to_text", "CHECKPOINT"]
+__all__ = ["CharVocab", "TextToTextRecipe", "encode_pairs", "exact_match_by_task", "heldout_pairs", "training_inputs",
+           "round_to_float16", "evaluate_heldout", "train_text_to_text", "load_text_to_text", "CHECKPOINT"]
 
 CHECKPOINT = "ch11_text_to_text"
 CHARS = "0123456789 +:abcdefghijklmnopqrstuvwxyz"
@@ -148,11 +148,33 @@ def heldout_pairs(n_per_task: int, seed: int, exclude: set[str] = frozenset()) -
     return out
 
 
+def training_inputs(recipe: TextToTextRecipe) -> set[str]:
+    """Every input the training stream of ``recipe`` shows (replayed from its seed, as :func:`train_text_to_text` draws them)."""
+    rng = random.Random(recipe.seed)
+    return {make_example(TASKS[(step * recipe.batch_size + i) % len(TASKS)], rng)[0]
+            for step in range(recipe.train.steps) for i in range(recipe.batch_size)}
+
+
+@torch.no_grad()
+def round_to_float16(model: torch.nn.Module) -> torch.nn.Module:
+    """Round every parameter to float16 precision (kept as float32): the precision the checkpoint is stored in."""
+    for p in model.parameters():
+        p.copy_(p.half().float())
+    return model
+
+
+def evaluate_heldout(model: EncoderDecoder, vocab: CharVocab, recipe: TextToTextRecipe) -> dict[str, float]:
+    """Exact match per task on ``recipe.n_heldout`` examples per task whose inputs training never showed."""
+    test = heldout_pairs(recipe.n_heldout, seed=recipe.seed + 2000, exclude=training_inputs(recipe))
+    return exact_match_by_task(model, vocab, test)
+
+
 def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progress: bool = False) -> dict[str, Any]:
     """Train one T5 on the mixture of :data:`companion.text_to_text.TASKS` and evaluate it.
 
     Training draws fresh examples (tasks in turn) from a seeded stream; the
-    held-out sets contain only inputs never seen in training. Returns a dict with
+    held-out sets contain only inputs never seen in training. The weights are
+    rounded to float16 precision (the checkpoint's) before the final evaluation. Returns a dict with
     ``model``, ``vocab`` and ``record`` (JSON-ready: config, steps, learning
     curve of per-task exact match on a monitoring set, final held-out exact
     match per task, wall time of the training loop).
@@ -186,13 +208,14 @@ def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progres
     wall = time.perf_counter() - t0
     for point, step in zip(curve, hist.eval_steps):
         point["step"] = step
-    test = heldout_pairs(recipe.n_heldout, seed=recipe.seed + 2000, exclude=seen_inputs)
+    # The checkpoint stores float16 weights (half the file); the held-out numbers are those of exactly these weights.
+    round_to_float16(model)
     record = dict(
         recipe={k: v for k, v in asdict(recipe).items() if k != "train"}, train=asdict(recipe.train),
         model_config=asdict(model.cfg), n_parameters=sum(p.numel() for p in model.parameters()),
         steps=recipe.train.steps, examples_seen=recipe.train.steps * recipe.batch_size,
         distinct_training_inputs=len(seen_inputs), heldout_per_task=recipe.n_heldout,
-        exact_match=exact_match_by_task(model, vocab, test), curve=curve,
+        exact_match=evaluate_heldout(model, vocab, recipe), weights="float16", curve=curve,
         final_train_loss=round(sum(hist.train_loss[-50:]) / len(hist.train_loss[-50:]), 4),
         wall_time_s=round(wall, 1), threads=torch.get_num_threads(),
     )
@@ -206,6 +229,6 @@ def load_text_to_text() -> tuple[EncoderDecoder, CharVocab, dict[str, Any]]:
     ckpt = load_checkpoint(CHECKPOINT)
     record = json.loads((resources.files("companion.checkpoints") / f"{CHECKPOINT}.json").read_text(encoding="utf-8"))
     model = EncoderDecoder(EncoderDecoderConfig(**ckpt["config"]))
-    model.load_state_dict(ckpt["state_dict"])
+    model.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})  # stored as float16
     vocab = CharVocab(ckpt["chars"], ckpt["n_sentinels"])
     return model.eval(), vocab, record

@@ -48,7 +48,7 @@ def main() -> None:
     out = train_text_to_text(recipe, progress=True)
     model, vocab, record = out["model"], out["vocab"], out["record"]
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({"config": dataclasses.asdict(model.cfg), "state_dict": model.state_dict(),
+    torch.save({"config": dataclasses.asdict(model.cfg), "state_dict": {k: v.half() for k, v in model.state_dict().items()},
                 "chars": vocab.chars, "n_sentinels": vocab.n_sentinels}, args.out_dir / f"{CHECKPOINT}.pt")
     (args.out_dir / f"{CHECKPOINT}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({k: record[k] for k in ("exact_match", "wall_time_s", "steps", "n_parameters")}))
