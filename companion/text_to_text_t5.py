@@ -116,11 +116,14 @@ class TextToTextRecipe:
     d_kv: int = 32
     n_heads: int = 4
     d_ff: int = 512
-    n_layers: int = 2
+    n_layers: int = 3
     version: str = "1.0"
-    num_buckets: int = 32  # relative-position buckets (T5: 32, exact up to distance 8 in the encoder)
-    max_distance: int = 128
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1500, lr=3e-3, warmup_steps=100,
+    # T5's 32 buckets are exact only up to distance 7 in the encoder; 64 buckets with max_distance 64
+    # are exact up to 15, the whole span of the digits. With 32 buckets (2 layers, 1500 steps) reverse
+    # stayed at 0% exact match, sort at 18%; with 64 buckets and 2 layers, the same.
+    num_buckets: int = 64
+    max_distance: int = 64
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=2700, lr=2e-3, warmup_steps=100,
                                                                    weight_decay=0.01, eval_every=250))
     batch_size: int = 64
     seed: int = 0

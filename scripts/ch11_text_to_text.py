@@ -1,6 +1,6 @@
 """Chapter 11: train one small T5 (the course's code) on the prefixed toy tasks, once, and ship the result.
 
-    python scripts/ch11_text_to_text.py                 # the shipped run, 1 thread
+    python scripts/ch11_text_to_text.py                 # the shipped run, 1 thread (648 s on a shared, loaded 2-core machine)
     python scripts/ch11_text_to_text.py --steps 50 --out-dir /tmp/t2t   # a quick try
 
 The recipe is :class:`companion.text_to_text_t5.TextToTextRecipe` (one T5 v1.0
@@ -10,6 +10,11 @@ fresh at every step from a seeded stream). Writes
 ``ch11_text_to_text.json`` (recipe, per-task held-out exact match on inputs never
 seen in training, learning curve, wall time, threads). The chapter loads both
 with ``companion.text_to_text_t5.load_text_to_text()``.
+
+Shipped run (2,700 steps of 64 examples, 1.39M parameters, 3+3 layers, 64 buckets):
+held-out exact match reverse 85.3%, sort 98.7%, add 0.5%. The float32 weights gave the
+same numbers as the stored float16 ones. (That run wrote float32 weights; they were
+rounded to float16 and re-evaluated afterwards, which is what this script now does itself.)
 """
 
 from __future__ import annotations
