@@ -213,3 +213,56 @@ def test_inputs_are_checked():
         T5Sizes(d_model=0)
     with pytest.raises(TypeError, match="T5Config-like"):
         t5_sizes_from_hf(object())
+
+
+# --------------------------------------------------------------------------- Chapter 12's measurements
+
+from companion.experiments.scaling import (  # noqa: E402
+    ScalingConfig,
+    family_models,
+    fit_exponent,
+    load_scaling_results,
+    measure_scaling,
+    training_vs_generation,
+)
+
+
+def test_fit_exponent_recovers_a_power_law():
+    lengths = [16, 32, 64, 128]
+    assert fit_exponent(lengths, [3 * t**1.5 for t in lengths]) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="positive"):
+        fit_exponent([1, 2], [0, 1])
+    with pytest.raises(ValueError, match="two or more"):
+        fit_exponent([1], [1])
+
+
+def test_measured_memory_grows_by_the_score_matrices():
+    cfg = ScalingConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, vocab_size=40, max_positions=256)
+    r = measure_scaling([64, 128, 256], cfg=cfg, timing=False)
+    assert set(r) == {"encoder", "decoder", "encoder-decoder"}
+    for name, rows in r.items():
+        assert rows["seconds"] == [None] * 3
+        # each doubling adds at least one layer's (B, H, T, T) float32 scores: quadratic growth
+        grow = rows["peak_bytes"][-1] - rows["peak_bytes"][-2]
+        t = 256 if name != "encoder-decoder" else 128
+        assert grow >= attention_score_bytes(cfg.n_heads, t) - attention_score_bytes(cfg.n_heads, t // 2), name
+    assert r["decoder"]["flops"][0] == forward_flops(cfg.configs()["decoder"], 64)
+    with pytest.raises(ValueError, match="max_positions"):
+        measure_scaling([512], cfg=cfg, timing=False)
+
+
+def test_generation_does_the_work_of_one_pass_in_many_calls():
+    model = family_models(ScalingConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, vocab_size=40,
+                                        max_positions=64))["decoder"]
+    r = training_vs_generation(model, 20, timing=False)
+    assert r["training"]["forward_calls"] == 1 and r["generation_cache"]["forward_calls"] == 19
+    # cached steps attend to 1..T keys instead of T: a little less than one full pass; without the cache, far more
+    assert 0.5 * r["training"]["flops"] < r["generation_cache"]["flops"] < r["training"]["flops"]
+    assert r["generation_no_cache"]["flops"] > 5 * r["generation_cache"]["flops"]
+
+
+def test_recorded_run_uses_course_names_and_the_three_families():
+    rec = load_scaling_results()
+    assert set(rec["scaling"]) == {"encoder", "decoder", "encoder-decoder"}
+    assert set(rec["config"]) == {f.name for f in dataclasses.fields(ScalingConfig)}
+    assert rec["threads"] == 1
