@@ -2,8 +2,8 @@
 
 Forward time, peak tensor memory and FLOPs of an encoder, a decoder and an
 encoder-decoder of one width as the sequence grows, and one teacher-forced pass
-against token-by-token generation. One thread; the JSON records the machine's
-load average so that the times can be judged.
+against token-by-token generation. One thread, CPU time of the process
+(robust to other jobs on a shared machine); the JSON also records the load average.
 
     python scripts/ch12_measure_scaling.py
 """
@@ -29,7 +29,7 @@ def main() -> None:
     scaling = measure_scaling(LENGTHS, repeats=5, cfg=cfg)
     generation = training_vs_generation(family_models(cfg)["decoder"], GENERATED)
     out = {
-        "config": asdict(cfg), "lengths": LENGTHS, "generated_tokens": GENERATED, "threads": 1,
+        "config": asdict(cfg), "lengths": LENGTHS, "generated_tokens": GENERATED, "threads": 1, "clock": "process_time",
         "torch": torch.__version__, "machine": platform.machine(), "cpu_count": os.cpu_count(),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "scaling": scaling, "training_vs_generation": generation,

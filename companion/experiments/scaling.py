@@ -5,7 +5,8 @@ Three small models of one width (an encoder :class:`~companion.models.bert.BertM
 a decoder :class:`~companion.models.gpt.GPT`, an encoder-decoder
 :class:`~companion.models.transformer.Transformer`) read ``T`` tokens in total (the
 encoder-decoder: ``T/2`` source and ``T/2`` target tokens). For each ``T`` we record the
-forward time (median of a few runs, one thread), the peak memory of the tensors the
+forward time (median of a few runs, one thread, CPU time of the process:
+``time.process_time`` does not count the time other programs hold the cores), the peak memory of the tensors the
 forward pass creates (:func:`companion.memory.peak_tensor_bytes`, attention computed
 by the math backend, which materialises the score matrices) and the FLOPs of the
 calculator (:func:`companion.calculators.forward_flops`). Times depend on the machine
@@ -92,7 +93,7 @@ def measure_scaling(lengths: list[int], *, repeats: int = 3, cfg: ScalingConfig 
                     timing: bool = True) -> dict[str, dict[str, list]]:
     """``{family: {"length": [...], "seconds": [...], "peak_bytes": [...], "flops": [...]}}``.
 
-    ``seconds`` is the median of ``repeats`` timed forward passes after one warm-up
+    ``seconds`` is the median CPU time (``time.process_time``) of ``repeats`` forward passes after one warm-up
     (``None`` when ``timing`` is False); ``peak_bytes`` is measured once with the math
     attention backend; everything runs under ``torch.no_grad``.
     """
@@ -114,9 +115,9 @@ def measure_scaling(lengths: list[int], *, repeats: int = 3, cfg: ScalingConfig 
                     fn()  # warm-up
                     runs = []
                     for _ in range(repeats):
-                        start = time.perf_counter()
+                        start = time.process_time()
                         fn()
-                        runs.append(time.perf_counter() - start)
+                        runs.append(time.process_time() - start)
                     seconds = statistics.median(runs)
                 for key, value in (("length", t), ("seconds", seconds), ("peak_bytes", peak),
                                    ("flops", _flops(name, configs[name], t))):
@@ -145,7 +146,7 @@ def _count_flops(fn: Callable[[], Any]) -> int:
 def training_vs_generation(model: GPT, n_tokens: int, *, timing: bool = True) -> dict[str, Any]:
     """One teacher-forced forward pass over ``n_tokens`` tokens against generating them one at a time.
 
-    Returns forward calls, counted FLOPs and (if ``timing``) seconds of: ``training``
+    Returns forward calls, counted FLOPs and (if ``timing``) CPU seconds of: ``training``
     (one pass, every position at once), ``generation_cache`` (greedy, with a KV cache,
     from a one-token prompt) and ``generation_no_cache`` (each step re-reads the whole prefix).
     """
@@ -167,9 +168,9 @@ def training_vs_generation(model: GPT, n_tokens: int, *, timing: bool = True) ->
             row = {"forward_calls": calls, "flops": _count_flops(fn)}
             if timing:
                 fn()
-                start = time.perf_counter()
+                start = time.process_time()
                 fn()
-                row["seconds"] = time.perf_counter() - start
+                row["seconds"] = time.process_time() - start
             out[name] = row
     return out
 
