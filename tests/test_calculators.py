@@ -213,6 +213,8 @@ def test_inputs_are_checked():
         T5Sizes(d_model=0)
     with pytest.raises(TypeError, match="T5Config-like"):
         t5_sizes_from_hf(object())
+    with pytest.raises(ValueError, match="moe_parameter_counts"):
+        parameter_count(dataclasses.replace(gpt, n_experts=4))
 
 
 # --------------------------------------------------------------------------- Chapter 12's measurements
