@@ -85,6 +85,25 @@ def test_transformer_parameters_match_meta_module(tie):
     assert parameter_count(cfg) == n_params(model)
 
 
+def hf_t5_config(**kw):
+    """A ``T5Config``; ``tie_word_embeddings`` is set after construction (transformers 5.x's T5Config
+    keeps True when it is passed as an argument)."""
+    tie = kw.pop("tie_word_embeddings", True)
+    hf = transformers.T5Config(**kw)
+    hf.tie_word_embeddings = tie
+    return hf
+
+
+def t5_params(model):
+    """Distinct parameters of a T5, with the encoder's and decoder's input tables counted as the shared one.
+
+    Every T5 checkpoint and transformers 4.x use one input table (``shared``) for both stacks;
+    transformers 5.x, when the output layer is untied, also unties the two stacks' tables."""
+    extra = sum(stack.embed_tokens.weight.numel() for stack in (model.encoder, model.decoder)
+                if stack.embed_tokens.weight is not model.shared.weight)
+    return n_params(model) - extra
+
+
 T5_HF = [
     dict(vocab_size=97, d_model=24, d_kv=5, num_heads=3, d_ff=40, num_layers=2, num_decoder_layers=3),
     dict(vocab_size=97, d_model=24, d_kv=5, num_heads=3, d_ff=40, num_layers=3, num_decoder_layers=1,
@@ -97,10 +116,11 @@ T5_HF = [
 
 @pytest.mark.parametrize("kw", T5_HF)
 def test_t5_parameters_match_hugging_face(kw):
-    hf = transformers.T5Config(**kw)
+    hf = hf_t5_config(**kw)
     with torch.device("meta"):
         model = transformers.T5ForConditionalGeneration(hf)
-    assert parameter_count(t5_sizes_from_hf(hf)) == n_params(model)
+    assert (model.lm_head.weight is model.shared.weight) == kw.get("tie_word_embeddings", True)
+    assert parameter_count(t5_sizes_from_hf(hf)) == t5_params(model)
 
 
 @pytest.mark.parametrize("kw", ODD_BERTS)
@@ -137,7 +157,7 @@ def test_transformer_flops_match_counter(s, t):
 
 @pytest.mark.parametrize("kw", T5_HF[:2])
 def test_t5_flops_match_counter(kw):
-    hf = transformers.T5Config(**kw)
+    hf = hf_t5_config(**kw)
     model = transformers.T5ForConditionalGeneration(hf).eval()
     src, tgt = torch.randint(1, 97, (1, 11)), torch.randint(1, 97, (1, 6))
     got = counted_flops(lambda: model(input_ids=src, decoder_input_ids=tgt))
@@ -193,6 +213,22 @@ def test_t5_sizes_from_any_object_with_t5_field_names():
         relative_attention_num_buckets = 4
     sizes = t5_sizes_from_hf(Cfg())
     assert sizes == T5Sizes(10, 8, 2, 3, 16, 1, 2, 4, gated=False, tie_embeddings=True)
+
+
+def test_t5_sizes_from_a_config_with_the_course_names():
+    """The course's encoder-decoder configured as T5 (branch t5) has these fields; HF's T5 is the reference."""
+    from types import SimpleNamespace
+
+    ours = SimpleNamespace(vocab_size=97, d_model=24, n_heads=3, d_head=5, d_ff=40, n_encoder_layers=2,
+                           n_decoder_layers=3, num_buckets=7, gated=True, tie_embeddings=False, bias=False,
+                           positions="relative")
+    hf = hf_t5_config(vocab_size=97, d_model=24, d_kv=5, num_heads=3, d_ff=40, num_layers=2, num_decoder_layers=3,
+                      relative_attention_num_buckets=7, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = transformers.T5ForConditionalGeneration(hf)
+    assert parameter_count(t5_sizes_from_hf(ours)) == t5_params(model)
+    with pytest.raises(ValueError, match="not a T5"):
+        t5_sizes_from_hf(SimpleNamespace(**{**vars(ours), "positions": "learned"}))
 
 
 def test_inputs_are_checked():
