@@ -130,31 +130,30 @@ def sliding_window_attention(
         keep &= rel <= 0
     if slopes is not None:
         scores = scores - slopes.to(q.dtype).view(h, 1, 1, 1) * rel.abs().to(q.dtype)
-    scores = scores.masked_fill(~keep, neg).flatten(2, 3)[:, :, :t]  # (B, H, T, C + 2W)
-    vband = vc[:, :, :, None].expand(-1, -1, -1, c, -1, -1).flatten(2, 3)[:, :, :t]  # view (B, H, T, C + 2W, Dv)
+    scores = scores.masked_fill(~keep, neg)  # (B, H, N, C, C + 2W)
 
-    if glob.numel():
-        # Every query also scores the G global keys.
-        g_scores = (q @ k[:, :, glob].transpose(-1, -2)) * scale  # (B, H, T, G)
-        g_rel = glob[None, :] - torch.arange(t, device=q.device)[:, None]  # (T, G)
-        if slopes is not None:
-            g_scores = g_scores - slopes.to(q.dtype).view(h, 1, 1) * g_rel.abs().to(q.dtype)
-        if causal:
-            g_scores = g_scores.masked_fill(g_rel > 0, neg)
-        weights = torch.cat((scores, g_scores), dim=-1).softmax(dim=-1)  # (B, H, T, C + 2W + G)
-        out = (weights[..., None, :-glob.numel()] @ vband).squeeze(-2)  # (B, H, T, Dv)
-        out = out + weights[..., -glob.numel():] @ v[:, :, glob]
-        # Global queries see every key: their rows are full attention.
-        g_bias = None
-        if slopes is not None:
-            g_rel_q = torch.arange(t, device=q.device)[None, :] - glob[:, None]  # (G, S)
-            g_bias = -slopes.to(q.dtype).view(h, 1, 1) * g_rel_q.abs().to(q.dtype)  # (H, G, S)
-        out[:, :, glob] = scaled_dot_product_attention(
-            q[:, :, glob], k, v, bias=g_bias, scale=scale,
-            mask=(torch.arange(t, device=q.device)[None, :] <= glob[:, None]) if causal else None)
-    else:
-        weights = scores.softmax(dim=-1)  # (B, H, T, C + 2W)
-        out = (weights[..., None, :] @ vband).squeeze(-2)  # (B, H, T, Dv)
+    if not glob.numel():
+        out = scores.softmax(dim=-1) @ vc  # (B, H, N, C, Dv)
+        return out.flatten(2, 3)[:, :, :t]  # (B, H, T, Dv)
+    # Every query also scores the G global keys.
+    g = glob.numel()
+    g_scores = (q @ k[:, :, glob].transpose(-1, -2)) * scale  # (B, H, T, G)
+    g_rel = glob[None, :] - torch.arange(t, device=q.device)[:, None]  # (T, G)
+    if slopes is not None:
+        g_scores = g_scores - slopes.to(q.dtype).view(h, 1, 1) * g_rel.abs().to(q.dtype)
+    if causal:
+        g_scores = g_scores.masked_fill(g_rel > 0, neg)
+    g_scores = nn.functional.pad(g_scores, (0, 0, 0, n * c - t)).unflatten(2, (n, c))  # (B, H, N, C, G)
+    weights = torch.cat((scores, g_scores), dim=-1).softmax(dim=-1)  # (B, H, N, C, C + 2W + G)
+    out = weights[..., :-g] @ vc + weights[..., -g:] @ v[:, :, None, glob]  # (B, H, N, C, Dv)
+    out = out.flatten(2, 3)[:, :, :t]  # (B, H, T, Dv)
+    # Global queries see every key: their rows are full attention.
+    g_bias = None
+    if slopes is not None:
+        g_rel_q = torch.arange(t, device=q.device)[None, :] - glob[:, None]  # (G, S)
+        g_bias = -slopes.to(q.dtype).view(h, 1, 1) * g_rel_q.abs().to(q.dtype)  # (H, G, S)
+    g_mask = (torch.arange(t, device=q.device)[None, :] <= glob[:, None]) if causal else None  # (G, S)
+    out[:, :, glob] = scaled_dot_product_attention(q[:, :, glob], k, v, g_mask, bias=g_bias, scale=scale)
     return out
 
 
