@@ -82,8 +82,8 @@ def sliding_window_attention(
     Query ``i`` attends to keys ``i - W .. i + W`` (``.. i`` when ``causal``);
     a global token attends to every key and every query attends to it. The
     band is computed by chunks of ``C = max(W, 1)`` queries against their
-    ``C + 2W`` neighbouring keys (the overlapping chunks of the paper's
-    PyTorch implementation), so the scores take ``O(T (C + 2W))`` memory, not
+    ``C + 2W`` neighbouring keys (Longformer's own PyTorch version also
+    works on overlapping chunks), so the scores take ``O(T (C + 2W))`` memory, not
     ``O(T^2)``; global tokens add ``O(T G)``.
 
     Args:
@@ -271,8 +271,8 @@ def performer_attention(
 
     ``softmax(q k^T / sqrt(Dh)) v ~ D^-1 (phi(q) (phi(k)^T v))`` with
     ``D = diag(phi(q) phi(k)^T 1)``: the ``(T, S)`` matrix is never formed;
-    time and memory are ``O((T + S) M Dh)``. ``causal`` uses prefix sums of
-    ``phi(k_j) v_j^T`` (section 2.6; needs ``T == S``), ``O(T M Dv)`` memory here.
+    time and memory are ``O((T + S) M Dh)``. ``causal`` uses running sums of
+    ``phi(k_j) v_j^T`` (prefix sums, section 2.2; needs ``T == S``), ``O(T M Dv)`` memory here.
     """
     _check_qkv(q, k, v, same_length=causal)
     d = q.shape[-1]
