@@ -10,7 +10,8 @@ with ``~mask`` at that boundary and nowhere else.
 
 Shape legend: B batch, H heads, T query length, S key length.
 Defined in Chapter 2 (padding, causal) and Chapter 6 (prefix-LM, cross,
-influence through a stack of layers).
+influence through a stack of layers); the sparse patterns of Chapter 13
+(Longformer's sliding window with global tokens, BigBird's blocks).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ __all__ = [
     "combine_masks",
     "additive_mask",
     "influence_matrix",
+    "sliding_window_mask",
+    "bigbird_mask",
 ]
 
 
@@ -136,3 +139,68 @@ def influence_matrix(mask: torch.Tensor, n_layers: int = 1) -> torch.Tensor:
     for _ in range(n_layers - 1):
         reach = (reach @ step).clamp(max=1)  # (..., T, T): a path exists through one more layer
     return reach.bool()
+
+
+def sliding_window_mask(
+    t: int,
+    window: int,
+    *,
+    global_tokens: torch.Tensor | list[int] | tuple[int, ...] = (),
+    causal: bool = False,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Longformer's pattern (Beltagy et al., 2020, section 3.1), boolean ``(T, T)``.
+
+    Query ``i`` sees key ``j`` iff ``|i - j| <= window`` (``window`` keys on each
+    side, so the paper's window size is ``2 window + 1``); with ``causal`` only
+    ``i - window <= j <= i``. A global token (an index in ``global_tokens``)
+    sees every key and is seen by every query (the paper's symmetric global
+    attention), still within the causal limit when ``causal``.
+    """
+    check_positive_int("t", t)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (keys on each side), got {window!r}")
+    idx = torch.as_tensor(global_tokens, dtype=torch.long, device=device).reshape(-1)
+    if idx.numel() and (idx.min() < 0 or idx.max() >= t):
+        raise ValueError(f"global_tokens must lie in [0, {t}), got {idx.tolist()}")
+    pos = torch.arange(t, device=device)
+    rel = pos[None, :] - pos[:, None]  # (T, T): key - query
+    mask = rel.abs() <= window
+    mask[idx, :] = True  # global queries see everything
+    mask[:, idx] = True  # every query sees the global keys
+    if causal:
+        mask &= rel <= 0
+    return mask  # (T, T)
+
+
+def bigbird_mask(
+    n_blocks: int,
+    block_size: int,
+    *,
+    n_random_blocks: int = 3,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """BigBird's block-sparse pattern (Zaheer et al., 2020, section 2 and appendix D), boolean ``(T, T)``.
+
+    The sequence is cut into ``n_blocks`` blocks of ``block_size`` tokens
+    (``T = n_blocks * block_size``). A query block sees: its own block and one
+    block on each side (the window), the first and the last block (global, as
+    in BigBird-ITC; these two blocks also see everything), and
+    ``n_random_blocks`` other blocks drawn uniformly without replacement, per
+    query block, among the blocks not already seen.
+    """
+    check_positive_int("n_blocks", n_blocks)
+    check_positive_int("block_size", block_size)
+    if isinstance(n_random_blocks, bool) or not isinstance(n_random_blocks, int) or n_random_blocks < 0:
+        raise ValueError(f"n_random_blocks must be an int >= 0, got {n_random_blocks!r}")
+    blocks = torch.arange(n_blocks, device=device)
+    seen = (blocks[None, :] - blocks[:, None]).abs() <= 1  # (n_blocks, n_blocks): window of 3 blocks
+    seen[:, [0, -1]] = True  # global key blocks
+    seen[[0, -1], :] = True  # global query blocks
+    for r in range(1, n_blocks - 1):
+        free = (~seen[r]).nonzero().reshape(-1)  # blocks this query block does not see yet
+        pick = torch.randperm(free.numel(), generator=generator)[:n_random_blocks].to(free.device)
+        seen[r, free[pick]] = True
+    ones = torch.ones(block_size, block_size, dtype=torch.bool, device=device)
+    return torch.kron(seen.to(torch.int64), ones.to(torch.int64)).bool()  # (T, T)

@@ -60,6 +60,20 @@ def test_backward_by_recomputation_equals_autograd(causal):
         torch.testing.assert_close(got, x.grad, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("causal,t,s", [(True, 5, 13), (False, 9, 4), (True, 1, 7)])
+def test_float32_backward_with_a_kv_offset_and_odd_lengths_equals_autograd(causal, t, s):
+    # Chapter 13: the gradients of the recomputing backward pass, float32, queries and keys of different odd lengths.
+    q, k, v = (x.requires_grad_() for x in _qkv(2, 3, t, s, 5, seed=t * s))
+    g = torch.randn(2, 3, t, 5, generator=torch.Generator().manual_seed(1))
+    tiled_attention(q, k, v, causal=causal, block_q=2, block_k=3).backward(g)
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    _naive(q, k, v, causal)[0].backward(g)
+    for got, x in zip(grads, (q, k, v)):
+        torch.testing.assert_close(got, x.grad, atol=ATOL, rtol=ATOL)
+
+
 def test_gradcheck_with_a_kv_offset():
     q, k, v = (x.double().requires_grad_() for x in _qkv(1, 1, 3, 7, 4, seed=7))
     assert torch.autograd.gradcheck(lambda a, b, c: tiled_attention(a, b, c, causal=True, block_q=2, block_k=3),

@@ -55,6 +55,7 @@ class GPTConfig:
     n_experts: int = 0  # > 0: every feed-forward network is a mixture of experts (companion.moe, Chapter 14)
     expert_top_k: int = 1  # experts per token (1: Switch, 2: GShard/Mixtral)
     capacity_factor: float = 1.25  # expert capacity = factor * top_k * tokens per sequence / n_experts
+    n_kv_heads: int | None = None  # Hkv, key/value heads (None: n_heads; 1: multi-query; between: grouped-query)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_positions", "d_model", "n_layers", "n_heads"):
@@ -70,6 +71,10 @@ class GPTConfig:
         check_probability("dropout", self.dropout)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        if self.n_kv_heads is not None and (isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int)
+                                            or self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+            raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, "
+                             f"got {self.n_kv_heads!r}")
         if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
             raise ValueError(f"n_experts must be an int >= 0 (0: a dense FFN), got {self.n_experts!r}")
 
@@ -111,7 +116,8 @@ class GPTBlock(Block):
     def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
         # Creation order norm1, attention, norm2, FFN: the order GPT's seeded initialisation was written with.
         norm1 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
-        attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.dropout, layer_idx=layer_idx)
+        attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, bias=cfg.bias,
+                                  dropout=cfg.dropout, layer_idx=layer_idx)
         norm2 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
         if cfg.n_experts:
             from ..moe import MoEFeedForward
