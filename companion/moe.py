@@ -42,7 +42,7 @@ from ._checks import check_positive_int
 from .blocks import FeedForward
 
 __all__ = ["moe_aux_loss", "moe_parameter_counts", "moe_layer_flops", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
-           "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
+           "expert_load", "drop_rate", "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
 
 
 def expert_capacity(tokens_per_group: int, n_experts: int, capacity_factor: float) -> int:
@@ -120,6 +120,22 @@ def load_balancing_loss(probs: torch.Tensor, choice: torch.Tensor) -> torch.Tens
     f = chose.mean(1)  # (B, E): fraction of the group's tokens that chose expert i
     p = probs.float().mean(1)  # (B, E): mean probability of expert i
     return (e * (f * p).sum(-1)).mean()
+
+
+def expert_load(routing: Routing) -> torch.Tensor:
+    """(E,) fraction of the routing choices that went to each expert, before capacity (sums to 1)."""
+    if not isinstance(routing, Routing):
+        raise TypeError(f"routing must be a Routing, got {type(routing).__name__}")
+    counts = torch.bincount(routing.choice.flatten(), minlength=routing.probs.shape[-1]).float()  # (E,)
+    return counts / counts.sum()
+
+
+def drop_rate(routing: Routing) -> float:
+    """Fraction of the routing choices (token, expert) that capacity refused; for top-1, the dropped tokens."""
+    if not isinstance(routing, Routing):
+        raise TypeError(f"routing must be a Routing, got {type(routing).__name__}")
+    served = int(routing.dispatch.sum())
+    return 1.0 - served / routing.choice.numel()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
