@@ -115,6 +115,10 @@ def load_balancing_loss(probs: torch.Tensor, choice: torch.Tensor) -> torch.Tens
     counts once per expert it chose, before capacity).
     """
     _check_logits(probs)
+    if (not isinstance(choice, torch.Tensor) or choice.dtype not in (torch.int32, torch.int64) or choice.dim() != 3
+            or choice.shape[:2] != probs.shape[:2]):
+        raise ValueError(f"choice must be an integer tensor (B, T, k) = ({probs.shape[0]}, {probs.shape[1]}, k), "
+                         f"got {getattr(choice, 'dtype', type(choice).__name__)} {tuple(getattr(choice, 'shape', ()))}")
     e = probs.shape[-1]
     chose = F.one_hot(choice, e).amax(-2).float()  # (B, T, E)
     f = chose.mean(1)  # (B, E): fraction of the group's tokens that chose expert i

@@ -87,6 +87,7 @@ def test_equal_to_hugging_face_switch_sparse_mlp(capacity):
     x = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref, out = hf(x), ours(x)
+    ref = ref[0] if isinstance(ref, tuple) else ref  # transformers 4.x returns (output, (router logits, indices))
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     if capacity == 3:
         assert (~ours.last_routing.dispatch.any(-1)).any()
@@ -97,6 +98,10 @@ def test_bad_inputs():
         MoEFeedForward(8, 16, 4, top_k=3)
     with pytest.raises(ValueError, match="capacity_factor"):
         expert_capacity(8, 2, 0.0)
+    with pytest.raises(ValueError, match=r"choice must be an integer tensor \(B, T, k\) = \(2, 5, k\)"):
+        load_balancing_loss(torch.rand(2, 5, 3), torch.zeros(2, 5, dtype=torch.long))  # (B, T): missing k
+    with pytest.raises(ValueError, match="choice"):
+        load_balancing_loss(torch.rand(2, 5, 3), torch.zeros(2, 5, 1))  # float indices
     with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
         MoEFeedForward(8, 16, 4)(torch.randn(3, 8))
 

@@ -155,8 +155,8 @@ register(Exercise(
             n_experts=8, expert_top_k=2)),
         Case("one expert: a dense model plus a router", 1, lambda s: _counts_case(
             s, "E=1", vocab_size=50, max_positions=16, d_model=32, n_layers=1, n_heads=2, d_ff=80, n_experts=1)),
-        Case("a Switch-Base-sized layer stack (128 experts)", 1, lambda s: _counts_case(
-            s, "E=128", vocab_size=32128, max_positions=512, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
-            n_experts=128)),
+        Case("128 experts of Switch-Base's width (2 blocks)", 1, lambda s: _counts_case(
+            s, "E=128, D=768, F=3072", vocab_size=32128, max_positions=512, d_model=768, n_layers=2, n_heads=12,
+            d_ff=3072, n_experts=128)),
     ),
 ))
