@@ -26,6 +26,10 @@ back with ``index_add``). :func:`moe_reference` is the obvious per-token loop it
 is tested against. Weights of Hugging Face's ``SwitchTransformersSparseMLP`` load
 with :func:`from_hf_switch_mlp`.
 
+Capacity is counted per call and sequence: in cached decoding (one new token per
+call) a token always has a place, so a model whose prefill dropped tokens can
+give slightly different logits decoded token by token than in one full pass.
+
 Shape legend: B groups (sequences), T tokens per group, D model size, E experts.
 """
 
