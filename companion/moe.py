@@ -26,6 +26,10 @@ back with ``index_add``). :func:`moe_reference` is the obvious per-token loop it
 is tested against. Weights of Hugging Face's ``SwitchTransformersSparseMLP`` load
 with :func:`from_hf_switch_mlp`.
 
+Capacity is counted per call and sequence: in cached decoding (one new token per
+call) a token always has a place, so a model whose prefill dropped tokens can
+give slightly different logits decoded token by token than in one full pass.
+
 Shape legend: B groups (sequences), T tokens per group, D model size, E experts.
 """
 
@@ -42,7 +46,7 @@ from ._checks import check_positive_int
 from .blocks import FeedForward
 
 __all__ = ["moe_aux_loss", "moe_parameter_counts", "moe_layer_flops", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
-           "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
+           "expert_load", "drop_rate", "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
 
 
 def expert_capacity(tokens_per_group: int, n_experts: int, capacity_factor: float) -> int:
@@ -115,11 +119,31 @@ def load_balancing_loss(probs: torch.Tensor, choice: torch.Tensor) -> torch.Tens
     counts once per expert it chose, before capacity).
     """
     _check_logits(probs)
+    if (not isinstance(choice, torch.Tensor) or choice.dtype not in (torch.int32, torch.int64) or choice.dim() != 3
+            or choice.shape[:2] != probs.shape[:2]):
+        raise ValueError(f"choice must be an integer tensor (B, T, k) = ({probs.shape[0]}, {probs.shape[1]}, k), "
+                         f"got {getattr(choice, 'dtype', type(choice).__name__)} {tuple(getattr(choice, 'shape', ()))}")
     e = probs.shape[-1]
     chose = F.one_hot(choice, e).amax(-2).float()  # (B, T, E)
     f = chose.mean(1)  # (B, E): fraction of the group's tokens that chose expert i
     p = probs.float().mean(1)  # (B, E): mean probability of expert i
     return (e * (f * p).sum(-1)).mean()
+
+
+def expert_load(routing: Routing) -> torch.Tensor:
+    """(E,) fraction of the routing choices that went to each expert, before capacity (sums to 1)."""
+    if not isinstance(routing, Routing):
+        raise TypeError(f"routing must be a Routing, got {type(routing).__name__}")
+    counts = torch.bincount(routing.choice.flatten(), minlength=routing.probs.shape[-1]).float()  # (E,)
+    return counts / counts.sum()
+
+
+def drop_rate(routing: Routing) -> float:
+    """Fraction of the routing choices (token, expert) that capacity refused; for top-1, the dropped tokens."""
+    if not isinstance(routing, Routing):
+        raise TypeError(f"routing must be a Routing, got {type(routing).__name__}")
+    served = int(routing.dispatch.sum())
+    return 1.0 - served / routing.choice.numel()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,7 @@ def test_equal_to_hugging_face_switch_sparse_mlp(capacity):
     x = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref, out = hf(x), ours(x)
+    ref = ref[0] if isinstance(ref, tuple) else ref  # transformers 4.x returns (output, (router logits, indices))
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     if capacity == 3:
         assert (~ours.last_routing.dispatch.any(-1)).any()
@@ -97,6 +98,10 @@ def test_bad_inputs():
         MoEFeedForward(8, 16, 4, top_k=3)
     with pytest.raises(ValueError, match="capacity_factor"):
         expert_capacity(8, 2, 0.0)
+    with pytest.raises(ValueError, match=r"choice must be an integer tensor \(B, T, k\) = \(2, 5, k\)"):
+        load_balancing_loss(torch.rand(2, 5, 3), torch.zeros(2, 5, dtype=torch.long))  # (B, T): missing k
+    with pytest.raises(ValueError, match="choice"):
+        load_balancing_loss(torch.rand(2, 5, 3), torch.zeros(2, 5, 1))  # float indices
     with pytest.raises(ValueError, match=r"\(B, T, 8\)"):
         MoEFeedForward(8, 16, 4)(torch.randn(3, 8))
 
@@ -152,3 +157,56 @@ def test_active_and_total_parameters_by_hand():
         # active = the dense model with top_k FFNs per layer, plus the routers
         dense_total = sum(p.numel() for p in dense.parameters())
         assert counts["active"] == dense_total + 2 * ((top_k - 1) * expert + router)
+
+
+def test_expert_load_and_drop_rate_equal_a_count_by_hand():
+    from companion.moe import drop_rate, expert_load
+
+    logits = torch.randn(3, 13, 5, generator=torch.Generator().manual_seed(2)) * 2
+    for route, k in ((route_top1, 1), (route_top2, 2)):
+        r = route(logits, capacity=2)
+        choices = [int(e) for e in r.choice.flatten()]
+        load = [choices.count(e) / len(choices) for e in range(5)]
+        torch.testing.assert_close(expert_load(r), torch.tensor(load))
+        refused = 0
+        for b in range(3):
+            for t in range(13):
+                for j in range(k):
+                    refused += not bool(r.dispatch[b, t, r.choice[b, t, j]])
+        assert drop_rate(r) == pytest.approx(refused / (3 * 13 * k))
+        assert 0 < drop_rate(r) < 1  # capacity 2 of 13 tokens per group must refuse some
+    with pytest.raises(TypeError, match="Routing"):
+        drop_rate(logits)
+
+
+def test_top2_load_balancing_loss_equals_hugging_face_with_two_choices():
+    from transformers.models.switch_transformers.modeling_switch_transformers import load_balancing_loss_func
+    probs = (torch.randn(2, 9, 6, generator=torch.Generator().manual_seed(3)) * 2).softmax(-1)
+    choice = probs.topk(2, dim=-1).indices  # (B, T, 2)
+    torch.testing.assert_close(load_balancing_loss(probs, choice), load_balancing_loss_func(probs, choice))
+    # each token counts for two experts: at uniform routing the loss is 2
+    uniform = torch.full((1, 6, 3), 1 / 3)
+    two = torch.tensor([[[0, 1], [1, 2], [2, 0], [0, 1], [1, 2], [2, 0]]])
+    assert load_balancing_loss(uniform, two).item() == pytest.approx(2.0)
+
+
+def test_moe_gpt_scales_expert_output_projections_like_the_dense_ffn():
+    from companion.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=20, max_positions=16, d_model=64, n_layers=8, n_heads=2)
+    moe = GPT(GPTConfig(**cfg, n_experts=3))
+    want = 0.02 / (2 * 8) ** 0.5  # GPT-2's 1/sqrt(2 n_layers) on every residual projection
+    for block in moe.blocks:
+        for expert in block.ffn.experts:
+            assert expert.down.weight.std().item() == pytest.approx(want, rel=0.1)
+            assert expert.up.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("bad", [dict(expert_top_k=3), dict(expert_top_k=2, n_experts=1), dict(capacity_factor=0.0),
+                                 dict(capacity_factor="1")])
+def test_gpt_config_rejects_bad_expert_settings(bad):
+    from companion.models.gpt import GPTConfig
+
+    with pytest.raises(ValueError, match="expert_top_k|capacity_factor"):
+        GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=1, n_heads=2, **{"n_experts": 4, **bad})

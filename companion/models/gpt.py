@@ -13,6 +13,7 @@ Dh head size, D model size, F feed-forward size, V vocabulary.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,12 @@ class GPTConfig:
                              f"got {self.n_kv_heads!r}")
         if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
             raise ValueError(f"n_experts must be an int >= 0 (0: a dense FFN), got {self.n_experts!r}")
+        if self.expert_top_k not in (1, 2) or isinstance(self.expert_top_k, bool):
+            raise ValueError(f"expert_top_k must be 1 or 2, got {self.expert_top_k!r}")
+        if self.n_experts and self.expert_top_k > self.n_experts:
+            raise ValueError(f"expert_top_k={self.expert_top_k} exceeds n_experts={self.n_experts}")
+        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be a positive number, got {self.capacity_factor!r}")
 
     @property
     def d_head(self) -> int:
@@ -170,7 +177,8 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # GPT-2 (section 2.3): scale the weights of residual projections by 1/sqrt(N), N = 2 * n_layers.
         for name, p in self.named_parameters():
-            if name.endswith("self_attn.out.weight") or name.endswith("ffn.down.weight"):
+            # (every expert of a mixture-of-experts FFN is a residual projection too: ffn.experts.<i>.down.weight)
+            if name.endswith(("self_attn.out.weight", "ffn.down.weight")) or re.search(r"ffn\.experts\.\d+\.down\.weight$", name):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
         self._register_load_state_dict_pre_hook(_rename_legacy_keys, with_module=True)  # (public API only from torch 2.5)
 
