@@ -24,7 +24,8 @@ from benchmarks.common import Settings, format_table  # noqa: E402
 
 # Modules with a BENCHMARKS dict {name: function(Settings) -> list[Row]}, in the order of the course.
 MODULES = ["benchmarks.wordpiece", "benchmarks.gpt", "benchmarks.bert", "benchmarks.attention", "benchmarks.minimal_gpt",
-           "benchmarks.t5", "benchmarks.families"]
+           "benchmarks.t5", "benchmarks.families",
+           "benchmarks.precision"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,8 @@ Shape legend: B batch, D model size, F hidden size, W world size (number of rank
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,7 +32,7 @@ from torch import nn
 
 from .blocks import _ACTIVATIONS, FeedForward
 
-__all__ = ["init", "shard", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "pipeline_step"]
+__all__ = ["init", "shard", "rank_batches", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "pipeline_step"]
 
 
 def init(backend: str = "gloo") -> tuple[int, int]:
@@ -49,6 +51,29 @@ def shard(x: torch.Tensor, rank: int, world: int, dim: int = 0) -> torch.Tensor:
     if x.shape[dim] % world:
         raise ValueError(f"dimension {dim} of size {x.shape[dim]} does not split into {world} equal shards")
     return x.chunk(world, dim=dim)[rank]
+
+
+def rank_batches(get_batch: Callable[[int], Any], rank: int, world: int) -> Callable[[int], Any]:
+    """``get_batch(step)`` of the whole batch -> a function giving rank ``rank``'s slice of it.
+
+    The batch may be a tensor or a tuple/list of tensors, each sliced along its
+    first axis (which must divide by ``world``). Every rank computes the same
+    global batch (same seed, or a function of ``step``) and keeps its share, so
+    :func:`companion.training.train` under ``torchrun`` takes the steps one
+    process takes on the whole batch (the role ``DistributedSampler`` plays for a ``DataLoader``).
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must lie in [0, world={world}), got {rank}")
+
+    def get_rank_batch(step: int):
+        batch = get_batch(step)
+        if isinstance(batch, torch.Tensor):
+            return shard(batch, rank, world)
+        if isinstance(batch, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in batch):
+            return type(batch)(shard(x, rank, world) for x in batch)
+        raise TypeError(f"get_batch must return a tensor or a tuple of tensors, got {type(batch).__name__}")
+
+    return get_rank_batch
 
 
 class _AllReduceSum(torch.autograd.Function):

@@ -4,21 +4,38 @@ The loop is deliberately plain: AdamW, optional linear warm-up then cosine
 decay, gradient clipping, periodic evaluation and a progress bar. Chapters
 pass a ``loss_fn(model, batch)`` and a ``get_batch(step)`` so the same loop
 trains a GPT, an encoder-decoder or a positional-encoding experiment.
+
+The same loop scales out with PyTorch's own tools (Chapter 15). Launched by
+``torchrun --nproc_per_node N`` after ``torch.distributed.init_process_group``
+(:func:`companion.distributed.init`), it wraps the model in
+``DistributedDataParallel`` (gradients averaged over ranks after ``backward``),
+expects ``get_batch(step)`` to return *this rank's* share of the step's batch
+(:func:`companion.distributed.rank_batches` slices a global batch; a
+``DistributedSampler`` does the same for a ``DataLoader``), records the loss
+averaged over ranks, evaluates and shows progress on rank 0 only. With
+``checkpoint_dir`` it saves model, optimizer and history with
+``torch.distributed.checkpoint`` every ``checkpoint_every`` steps, and with
+``resume=True`` continues from the latest one: when ``get_batch(step)``
+depends on ``step`` only (no hidden generator state) and the model draws no
+random numbers (dropout 0), the resumed run equals an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ._checks import check_positive_int
 
-__all__ = ["TrainConfig", "History", "lr_at", "train", "lm_loss"]
+__all__ = ["TrainConfig", "History", "lr_at", "train", "lm_loss", "latest_checkpoint"]
 
 
 def lm_loss(model: Callable[[torch.Tensor], torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], *, reduction: str = "mean") -> torch.Tensor:
@@ -85,6 +102,57 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * ratio
 
 
+def _world() -> tuple[int, int]:
+    """(rank, world size) of the process group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``checkpoint_dir`` (named by the file ``latest``), or None."""
+    marker = Path(checkpoint_dir) / "latest"
+    return Path(checkpoint_dir) / marker.read_text().strip() if marker.is_file() else None
+
+
+def _checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer, step: int, hist: History) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)  # plain parameter names, also for a DDP-wrapped model
+    return {"model": model_sd, "optim": optim_sd, "progress": {"step": step, "history": asdict(hist)}}
+
+
+def _save_checkpoint(checkpoint_dir: Path, model: nn.Module, opt, step: int, hist: History) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = _world()
+    name = f"step_{step:07d}"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(_checkpoint_state(model, opt, step, hist), checkpoint_id=checkpoint_dir / name, no_dist=world == 1)
+    if world > 1:
+        dist.barrier()  # every rank has written its part
+    if rank == 0:  # the marker is written last: a run killed mid-save resumes from the previous checkpoint
+        tmp = checkpoint_dir / "latest.tmp"
+        tmp.write_text(name)
+        tmp.replace(checkpoint_dir / "latest")
+    if world > 1:
+        dist.barrier()
+
+
+def _load_checkpoint(path: Path, model: nn.Module, opt) -> tuple[int, History]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _checkpoint_state(model, opt, 0, History())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=path, no_dist=_world()[1] == 1)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    names = {f.name for f in fields(History)}
+    return int(state["progress"]["step"]), History(**{k: list(v) for k, v in state["progress"]["history"].items() if k in names})
+
+
 def train(
     model: nn.Module,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor],
@@ -94,14 +162,35 @@ def train(
     eval_fn: Callable[[nn.Module], float] | None = None,
     progress: bool = True,
     desc: str = "training",
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
 ) -> History:
     """Train ``model`` for ``cfg.steps`` steps and return its :class:`History`.
 
     ``get_batch(step)`` returns a batch, ``loss_fn(model, batch)`` a scalar
     loss, ``eval_fn(model)`` (optional, called in eval mode without gradients)
     a held-out loss. A non-finite loss stops training with a ``FloatingPointError``.
+
+    In a ``torch.distributed`` process group (``torchrun``) the model is trained
+    through ``DistributedDataParallel`` and ``get_batch(step)`` gives this rank's
+    share of the batch; the recorded loss is the mean over ranks, ``eval_fn`` runs
+    on rank 0 and its result is sent to every rank (see the module docstring).
+    ``checkpoint_dir``, ``checkpoint_every`` (steps) and ``resume`` save and
+    resume with ``torch.distributed.checkpoint``; the last step is always saved.
     """
     from tqdm.auto import tqdm
+
+    rank, world = _world()
+    if checkpoint_every is not None:
+        check_positive_int("checkpoint_every", checkpoint_every)
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs a checkpoint_dir")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs a checkpoint_dir")
+    ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+    if ckpt_dir is not None and rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -110,28 +199,48 @@ def train(
         lr=cfg.lr,
         betas=cfg.betas,
     )
-    hist = History()
-    bar = tqdm(range(cfg.steps), desc=desc, disable=not progress, mininterval=1.0)
+    hist, start = History(), 0
+    if resume and latest_checkpoint(ckpt_dir) is not None:
+        start, hist = _load_checkpoint(latest_checkpoint(ckpt_dir), model, opt)
+    # One process: the model itself. Several: DDP averages the gradients over ranks during backward.
+    net = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)
+    bar = tqdm(range(start, cfg.steps), desc=desc, disable=not progress or rank != 0, mininterval=1.0,
+               initial=start, total=cfg.steps)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         model.train()
-        loss = loss_fn(model, get_batch(step))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss.item()} at step {step}")
+        loss = loss_fn(net, get_batch(step))
+        logged = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(logged)  # the mean over ranks is the loss of the whole batch
+            logged /= world
+        if not torch.isfinite(logged):
+            raise FloatingPointError(f"loss became {logged.item()} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()
         hist.steps.append(step)
-        hist.train_loss.append(loss.item())
+        hist.train_loss.append(logged.item())
         hist.grad_norm.append(float(norm))
         if eval_fn is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             model.eval()
-            with torch.no_grad():
-                hist.eval_steps.append(step + 1)
-                hist.eval_loss.append(float(eval_fn(model)))
-            bar.set_postfix(train=f"{loss.item():.3f}", eval=f"{hist.eval_loss[-1]:.3f}")
+            value = torch.zeros((), dtype=torch.float64)
+            if rank == 0:
+                with torch.no_grad():
+                    value.fill_(float(eval_fn(model)))
+            if world > 1:
+                dist.broadcast(value, src=0)
+            hist.eval_steps.append(step + 1)
+            hist.eval_loss.append(value.item())
+            bar.set_postfix(train=f"{logged.item():.3f}", eval=f"{hist.eval_loss[-1]:.3f}")
+        if ckpt_dir is not None and ((checkpoint_every and (step + 1) % checkpoint_every == 0) or step + 1 == cfg.steps):
+            _save_checkpoint(ckpt_dir, model, opt, step + 1, hist)
     model.eval()
     return hist

@@ -18,7 +18,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from companion.blocks import FeedForward
 from companion.distributed import (ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, init, pipeline_step,
-                                   shard)
+                                   rank_batches, shard)
+from companion.models.gpt import GPT, GPTConfig
+from companion.training import TrainConfig, latest_checkpoint, lm_loss, train
 
 
 def max_diff(a, b):
@@ -80,10 +82,76 @@ def pipeline(rank, world):
     return {"grad": grads, "loss": None if loss is None else abs(float(loss) - float(ref))}
 
 
+TRAIN = TrainConfig(steps=6, lr=1e-2, warmup_steps=2, eval_every=2)
+
+
+def _gpt():
+    torch.manual_seed(3)
+    return GPT(GPTConfig(vocab_size=13, max_positions=8, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
+
+
+def global_batch(step):  # the whole batch of a step, a function of step only
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randint(0, 13, (4, 8), generator=g)
+    return x, torch.roll(x, -1, dims=1)
+
+
+def evaluate(model):
+    return lm_loss(model, global_batch(-1)).item()
+
+
+class Killed(Exception):
+    pass
+
+
+def training_loop(rank, world, ckpt_dir):
+    """companion.training.train under torchrun against one process on the whole batch; then kill and resume."""
+    single = _gpt()
+    dist.barrier()
+    # The one-process reference, computed on every rank with the process group hidden from train().
+    hist_single = _without_group(lambda: train(single, lm_loss, global_batch, TRAIN, eval_fn=evaluate, progress=False))
+    ddp = _gpt()
+    hist = train(ddp, lm_loss, rank_batches(global_batch, rank, world), TRAIN, eval_fn=evaluate, progress=False)
+    out = {"weights": max(max_diff(p, q) for p, q in zip(ddp.parameters(), single.parameters())),
+           "train_loss": max(abs(a - b) for a, b in zip(hist.train_loss, hist_single.train_loss)),
+           "eval_loss": max(abs(a - b) for a, b in zip(hist.eval_loss, hist_single.eval_loss)),
+           "n_steps": len(hist.steps)}
+
+    def dies_at_step_4(step):
+        if step == 4:
+            raise Killed
+        return rank_batches(global_batch, rank, world)(step)
+
+    try:
+        train(_gpt(), lm_loss, dies_at_step_4, TRAIN, eval_fn=evaluate, progress=False,
+              checkpoint_dir=ckpt_dir, checkpoint_every=3)
+    except Killed:
+        pass
+    out["saved_at"] = latest_checkpoint(ckpt_dir).name
+    resumed = _gpt()
+    hist_r = train(resumed, lm_loss, rank_batches(global_batch, rank, world), TRAIN, eval_fn=evaluate,
+                   progress=False, checkpoint_dir=ckpt_dir, checkpoint_every=3, resume=True)
+    out["resumed_weights"] = max(max_diff(p, q) for p, q in zip(resumed.parameters(), ddp.parameters()))
+    out["resumed_history_equal"] = hist_r.train_loss == hist.train_loss and hist_r.eval_loss == hist.eval_loss
+    return out
+
+
+def _without_group(fn):
+    import companion.training as training
+
+    real = training._world
+    training._world = lambda: (0, 1)
+    try:
+        return fn()
+    finally:
+        training._world = real
+
+
 def main():
     rank, world = init("gloo")
     result = {"rank": rank, "world": world, "data_parallel": data_parallel(rank, world),
-              "tensor_parallel": tensor_parallel(rank, world), "pipeline": pipeline(rank, world)}
+              "tensor_parallel": tensor_parallel(rank, world), "pipeline": pipeline(rank, world),
+              "training_loop": training_loop(rank, world, Path(sys.argv[1], "ckpt"))}
     Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
