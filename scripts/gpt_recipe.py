@@ -1,0 +1,112 @@
+"""Which training recipe gets the tiny character GPT furthest in the same time? (issue 13, Chapter 9)
+
+Every run trains the course's GPT (companion.models.gpt) on the course corpus
+with the course's loop (companion.training.train) and is evaluated the same way:
+``evaluate_lm`` on the held-out 10% with 64-character windows, so a model
+trained on longer contexts gets no advantage at evaluation.
+
+Runs (``--run NAME``; ``--run all`` does every one):
+
+* ``nanogpt``   the recipe nanoGPT publishes for a CPU (4 layers, 4 heads, width 128,
+                no biases, context 64, batch 12, AdamW lr 1e-3 with 100 warm-up steps and
+                cosine decay to 1e-4, betas (0.9, 0.99), weight decay 0.1, clipping at 1.0),
+                3,500 steps: the baseline;
+* ``ch09_ctx64`` the Chapter 9 recipe (batch 32, peak lr 5e-3) at context 64, with the
+                number of tokens of the shipped Chapter 9 run (1,200 steps);
+* ``small_steps_lr3e-3``, ``small_steps_lr5e-3`` the baseline's many small steps
+                (3,500 x 12 x 64) at a higher peak learning rate.
+
+The shipped Chapter 9 checkpoint (context 128) is the fifth point; Chapter 9
+evaluates it the same way.
+Runs of the same shape (same model, context, batch and steps) cost the same time,
+whatever the machine; the wall time of each run is recorded too, with the thread
+count. Results go to ``companion/checkpoints/gpt_recipe.json`` (one entry per run,
+kept between invocations).
+
+Usage: ``python scripts/gpt_recipe.py --run nanogpt --threads 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
+from companion.models.gpt import GPT, GPTConfig, count_parameters, evaluate_lm, lm_loss
+from companion.training import TrainConfig, train
+
+EVAL_WINDOW = 64
+SEED = 0
+OUT = Path(__file__).resolve().parents[1] / "companion/checkpoints/gpt_recipe.json"
+
+_MODEL = dict(d_model=128, n_layers=4, n_heads=4, dropout=0.0)
+_NANOGPT_TRAIN = TrainConfig(steps=3500, lr=1e-3, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1,
+                             betas=(0.9, 0.99), grad_clip=1.0, eval_every=500)
+_CH09_TRAIN = TrainConfig(steps=600, lr=5e-3, warmup_steps=30, min_lr_ratio=0.05, weight_decay=0.1, eval_every=100)
+
+# name -> (model overrides, context, batch, TrainConfig, what the run tests)
+RUNS = {
+    "nanogpt": (dict(bias=False), 64, 12, _NANOGPT_TRAIN, "nanoGPT's CPU recipe (baseline)"),
+    "ch09_ctx64": (dict(), 64, 32, dataclasses.replace(_CH09_TRAIN, steps=1200, warmup_steps=60, eval_every=200),
+                   "Chapter 9 recipe, context 64, same tokens"),
+    "small_steps_lr3e-3": (dict(bias=False), 64, 12, dataclasses.replace(_NANOGPT_TRAIN, lr=3e-3, min_lr_ratio=0.05),
+                           "baseline steps, peak lr 3e-3"),
+    "small_steps_lr5e-3": (dict(bias=False), 64, 12, dataclasses.replace(_NANOGPT_TRAIN, lr=5e-3, min_lr_ratio=0.05),
+                           "baseline steps, peak lr 5e-3"),
+}
+
+
+def run(name: str, threads: int) -> dict:
+    overrides, context, batch, tcfg, what = RUNS[name]
+    torch.set_num_threads(threads)
+    torch.manual_seed(SEED)
+    text = load_pydoc_text()
+    tok = CharTokenizer(text)
+    train_ids, val_ids = train_val_split(tok.encode(text), 0.1)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, max_positions=context, **_MODEL, **overrides)
+    model = GPT(cfg)
+    gen = torch.Generator().manual_seed(SEED)
+    start = time.perf_counter()
+    hist = train(model, lm_loss, lambda step: random_batch(train_ids, context, batch, gen), tcfg,
+                 eval_fn=lambda m: evaluate_lm(m, val_ids, EVAL_WINDOW), desc=name)
+    wall = time.perf_counter() - start
+    return {
+        "what": what,
+        "context": context,
+        "batch_size": batch,
+        "steps": tcfg.steps,
+        "tokens": tcfg.steps * batch * context,
+        "n_params": count_parameters(model),
+        "train_config": dataclasses.asdict(tcfg),
+        "model": dataclasses.asdict(cfg),
+        "eval_steps": hist.eval_steps,
+        "eval_loss": [round(v, 4) for v in hist.eval_loss],
+        "val_loss_64": round(hist.final_eval, 4),
+        "wall_seconds": round(wall, 1),
+        "threads": threads,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, choices=[*RUNS, "all"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    names = list(RUNS) if args.run == "all" else [args.run]
+    for name in names:
+        result = run(name, args.threads)
+        results = json.loads(args.out.read_text()) if args.out.exists() else {}
+        results[name] = result
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"{name}: held-out {result['val_loss_64']:.4f} nats/char (64-char windows), "
+              f"{result['tokens']:,} tokens in {result['wall_seconds']:.0f} s ({args.threads} thread(s))")
+
+
+if __name__ == "__main__":
+    main()
