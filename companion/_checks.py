@@ -39,28 +39,31 @@ class ShapeChecker:
         return self.sizes[symbol]
 
     def check(self, name: str, x: object, dims: Sequence[int | str | None]) -> None:
+        # (Called several times per layer per forward pass: written to cost little when all is well.)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of shape {_fmt(dims)}, got {type(x).__name__}")
-        if x.dim() != len(dims):
+        shape = x.shape
+        if len(shape) != len(dims):
             raise ValueError(
                 f"{name} must have {len(dims)} dimensions {_fmt(dims)}, "
-                f"got {x.dim()} with shape {tuple(x.shape)}"
+                f"got {x.dim()} with shape {tuple(shape)}"
             )
-        for axis, (want, got) in enumerate(zip(dims, x.shape)):
+        sizes = self.sizes
+        for axis, want in enumerate(dims):
             if want is None:
                 continue
-            if isinstance(want, int):
-                if got != want:
+            got = shape[axis]
+            if isinstance(want, str):
+                bound = sizes.setdefault(want, got)
+                if bound != got:
                     raise ValueError(
-                        f"{name} must have shape {_fmt(dims)} with size {want} on axis {axis}, "
-                        f"got shape {tuple(x.shape)}"
+                        f"{name} has {want}={got} (shape {tuple(shape)}), but {want}={bound} "
+                        f"in an earlier argument; expected {name} of shape {_fmt(dims)}"
                     )
-                continue
-            bound = self.sizes.setdefault(want, int(got))
-            if bound != got:
+            elif got != want:
                 raise ValueError(
-                    f"{name} has {want}={got} (shape {tuple(x.shape)}), but {want}={bound} "
-                    f"in an earlier argument; expected {name} of shape {_fmt(dims)}"
+                    f"{name} must have shape {_fmt(dims)} with size {want} on axis {axis}, "
+                    f"got shape {tuple(shape)}"
                 )
 
 

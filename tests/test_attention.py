@@ -9,6 +9,7 @@ from torch import nn
 
 from companion.attention import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
 from companion.masks import causal_mask, padding_mask
+from companion.kv_cache import KVCache
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -114,6 +115,13 @@ def test_mha_backends_agree_and_cross_attention_runs():
     assert a.shape == (2, 5, 16)
 
 
+def _cached_twice(layer, b1, b2):
+    """Fill a cache with a batch of ``b1`` sequences, then call with ``b2``: the keys cannot match."""
+    cache = KVCache(1)
+    layer(torch.zeros(b1, 3, layer.d_model), cache=cache)
+    return layer(torch.zeros(b2, 1, layer.d_model), cache=cache)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -126,6 +134,14 @@ def test_mha_backends_agree_and_cross_attention_runs():
         (lambda: split_heads(torch.zeros(2, 3, 10), 3), "not divisible"),
         (lambda: MultiHeadAttention(10, 4), "not divisible"),
         (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 6)), "shape"),
+        (lambda: MultiHeadAttention(8, 2)(torch.zeros(3, 8)), "3 dimensions"),
+        # The layer checks what a caller passes once and then calls the unchecked kernel:
+        # a mask, a bias or a head mask of the wrong shape still gets the message.
+        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.ones(4, 3, dtype=torch.bool)), "does not broadcast"),
+        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.ones(3, 3)), "boolean"),
+        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), bias=torch.zeros(2, 3, 4)), "bias of shape"),
+        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), head_mask=torch.ones(3)), "head_mask must have shape"),
+        (lambda: _cached_twice(MultiHeadAttention(8, 2), 2, 3), "B="),
         (lambda: scaled_dot_product_attention(*qkv(), return_weights=True, backend="sdpa"), "manual"),
     ],
 )
