@@ -55,6 +55,21 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
     assert torch.is_tensor(models[0](torch.zeros(1, 3, dtype=torch.long)))
 
 
+def test_encoder_decoders_share_one_interface():
+    """Chapter 4's Transformer and Chapter 11's T5/BART inherit forward, decode, the cache and decoder_lm."""
+    from companion.models.encoder_decoder import EncoderDecoder
+    from companion.models.transformer import Seq2SeqModel, Transformer
+
+    shared = ("forward", "decode", "decoder_lm", "new_cache", "max_positions")
+    for cls in (Transformer, EncoderDecoder):
+        assert issubclass(cls, Seq2SeqModel), cls.__name__
+        redefined = [name for name in shared if name in vars(cls)]
+        assert not redefined, (cls.__name__, redefined)
+        assert all(name in vars(cls) for name in ("encode", "decode_hidden", "head")), cls.__name__
+    defining = [name for name, src in _sources().items() if re.search(r"^    def decoder_lm\(", src, re.M)]
+    assert defining == ["models/transformer.py"]
+
+
 def test_moved_names_have_no_old_import_paths():
     """Issue 8: names live in one place; the re-exports kept for old notebooks are gone."""
     import importlib

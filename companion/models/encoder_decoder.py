@@ -24,7 +24,10 @@ and :class:`companion.blocks.FeedForward` / :class:`companion.blocks.GatedFeedFo
 decoding uses :class:`companion.kv_cache.EncoderDecoderCache` (self-attention keys
 grow, cross-attention keys are computed once) and the course's
 :func:`companion.generation.generate` / :func:`companion.generation.beam_search`
-through :class:`companion.models.transformer.EncodedSource`.
+through :class:`companion.models.transformer.EncodedSource`. What they share with
+Chapter 4's Transformer (``forward``, ``decode``, the cache, ``decoder_lm``) is
+:class:`companion.models.transformer.Seq2SeqModel`: a model defines ``encode``,
+``decode_hidden`` and ``head``.
 
 Masks are boolean, True = may attend (:mod:`companion.masks`). Shape legend:
 B batch, S source length, T target length, D model size, H heads, V vocabulary.
@@ -46,7 +49,7 @@ from ..generation import BeamSearchOutput, beam_search, generate
 from ..kv_cache import EncoderDecoderCache
 from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
 from ..positional import RelativePositionBias
-from .transformer import EncodedSource
+from .transformer import Seq2SeqModel
 
 __all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "parameter_count", "config_differences"]
 
@@ -135,7 +138,7 @@ def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block:
                  norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(Seq2SeqModel):
     """An encoder-decoder language model: T5 or BART depending on its :class:`EncoderDecoderConfig`.
 
     ``forward(src, tgt_in)`` gives teacher-forced logits; :meth:`encode` and
@@ -199,14 +202,6 @@ class EncoderDecoder(nn.Module):
             nn.init.normal_(module.relative_attention_bias.weight, std=self.cfg.d_model ** -0.5)
 
     # ------------------------------------------------------------------ pieces
-    @property
-    def max_positions(self) -> int:
-        return self.cfg.max_positions
-
-    def new_cache(self) -> EncoderDecoderCache:
-        """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
-        return EncoderDecoderCache(self.cfg.n_decoder_layers)
-
     def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
         sc.check(name, ids, dims)
         if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
@@ -259,10 +254,7 @@ class EncoderDecoder(nn.Module):
         cache: EncoderDecoderCache | None = None,
     ) -> torch.Tensor:
         """The decoder's last hidden states (B, T, D), before the output scaling and the head."""
-        sc = ShapeChecker()
-        self._check_ids("tgt_in", tgt_in, sc, ("B", "T"))
-        sc.check("memory", memory, ("B", "S", self.cfg.d_model))
-        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
+        sc = self._check_decoder_inputs(tgt_in, memory, src_attention_mask)
         start = 0 if cache is None else cache.length
         t = tgt_in.shape[1]
         if tgt_attention_mask is None:
@@ -290,40 +282,6 @@ class EncoderDecoder(nn.Module):
             logits = logits + self.final_logits_bias
         return logits
 
-    def decode(
-        self,
-        tgt_in: torch.Tensor,
-        memory: torch.Tensor,
-        src_attention_mask: torch.Tensor,
-        tgt_attention_mask: torch.Tensor | None = None,
-        *,
-        cache: EncoderDecoderCache | None = None,
-    ) -> torch.Tensor:
-        """Decoder input ids (B, T) and encoder output (B, S, D) -> logits (B, T, V).
-
-        With a ``cache`` (:meth:`new_cache`), ``tgt_in`` holds only the new decoder
-        tokens and ``tgt_attention_mask``, if given, covers cached and new ones.
-        """
-        return self.head(self.decode_hidden(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=cache))
-
-    def forward(
-        self,
-        src: torch.Tensor,
-        tgt_in: torch.Tensor,
-        src_attention_mask: torch.Tensor | None = None,
-        tgt_attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T)."""
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        memory = self.encode(src, src_attention_mask)
-        return self.decode(tgt_in, memory, src_attention_mask, tgt_attention_mask)
-
-    def decoder_lm(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> EncodedSource:
-        """Encode ``src`` once and return the decoder as a causal LM for :mod:`companion.generation`."""
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        return EncodedSource(self, self.encode(src, src_attention_mask), src_attention_mask)
 
 
 @torch.no_grad()

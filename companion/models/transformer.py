@@ -44,6 +44,7 @@ from ..positional import sinusoidal_encoding
 __all__ = [
     "TransformerConfig",
     "Transformer",
+    "Seq2SeqModel",
     "shift_right",
     "decoder_self_mask",
     "seq2seq_loss",
@@ -115,7 +116,72 @@ def decoder_self_mask(tgt_attention_mask: torch.Tensor) -> torch.Tensor:
     return combine_masks(causal_mask(t, device=tgt_attention_mask.device), padding_mask(tgt_attention_mask))  # (B, 1, T, T)
 
 
-class Transformer(nn.Module):
+class Seq2SeqModel(nn.Module):
+    """What every encoder-decoder of the course shares: this chapter's :class:`Transformer`
+    and Chapter 11's :class:`~companion.models.encoder_decoder.EncoderDecoder` (T5, BART).
+
+    A subclass defines ``encode(src, src_attention_mask) -> memory (B, S, D)``,
+    ``decode_hidden(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=None)
+    -> (B, T, D)`` and ``head(hidden) -> logits (B, T, V)``, and has a ``cfg`` with
+    ``pad_id``, ``max_positions`` and ``n_decoder_layers``. This class makes of them
+    the teacher-forced :meth:`forward`, :meth:`decode`, the decoder cache and the
+    decoder as a causal LM for :mod:`companion.generation` (:meth:`decoder_lm`).
+    """
+
+    @property
+    def max_positions(self) -> int:
+        """Longest source or target the model's positions cover (``cfg.max_positions``)."""
+        return self.cfg.max_positions
+
+    def new_cache(self) -> EncoderDecoderCache:
+        """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
+        return EncoderDecoderCache(self.cfg.n_decoder_layers)
+
+    def _check_decoder_inputs(self, tgt_in, memory, src_attention_mask) -> ShapeChecker:
+        """Check what ``decode_hidden`` receives; the returned checker has B, T and S bound."""
+        sc = ShapeChecker()
+        self._check_ids("tgt_in", tgt_in, sc, ("B", "T"))
+        sc.check("memory", memory, ("B", "S", self.cfg.d_model))
+        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
+        return sc
+
+    def decode(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        src_attention_mask: torch.Tensor,
+        tgt_attention_mask: torch.Tensor | None = None,
+        *,
+        cache: EncoderDecoderCache | None = None,
+    ) -> torch.Tensor:
+        """Decoder input ids (B, T) and memory (B, S, D) -> logits (B, T, V).
+
+        With a ``cache`` (:meth:`new_cache`), ``tgt_in`` holds only the new decoder
+        tokens and ``tgt_attention_mask``, if given, covers cached and new ones.
+        """
+        return self.head(self.decode_hidden(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=cache))
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt_in: torch.Tensor,
+        src_attention_mask: torch.Tensor | None = None,
+        tgt_attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T)."""
+        if src_attention_mask is None:
+            src_attention_mask = src != self.cfg.pad_id
+        memory = self.encode(src, src_attention_mask)
+        return self.decode(tgt_in, memory, src_attention_mask, tgt_attention_mask)
+
+    def decoder_lm(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> "EncodedSource":
+        """Encode ``src`` once and return the decoder as a causal LM for :mod:`companion.generation`."""
+        if src_attention_mask is None:
+            src_attention_mask = src != self.cfg.pad_id
+        return EncodedSource(self, self.encode(src, src_attention_mask), src_attention_mask)  # (B, S, D) memory
+
+
+class Transformer(Seq2SeqModel):
     """Encoder-decoder Transformer with post-LN layers (Vaswani et al., 2017, figure 1)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
@@ -165,21 +231,6 @@ class Transformer(nn.Module):
         x = self.embed(ids) * math.sqrt(self.cfg.d_model)  # (B, L, D)
         return self.drop(x + self.pe[start : start + ids.shape[1]])  # (B, L, D)
 
-    @property
-    def max_positions(self) -> int:
-        """Longest source or target the sinusoidal table covers (``cfg.max_positions``)."""
-        return self.cfg.max_positions
-
-    def new_cache(self) -> EncoderDecoderCache:
-        """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
-        return EncoderDecoderCache(self.cfg.n_decoder_layers)
-
-    def decoder_lm(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> "EncodedSource":
-        """Encode ``src`` once and return the decoder as a causal LM for :mod:`companion.generation`."""
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        return EncodedSource(self, self.encode(src, src_attention_mask), src_attention_mask)  # (B, S, D) memory
-
     def encode(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Source ids (B, S) -> memory (B, S, D). The mask (B, S) is 1 on real tokens (default: ``src != pad_id``)."""
         sc = ShapeChecker()
@@ -193,7 +244,7 @@ class Transformer(nn.Module):
             x = block(x, mask)  # (B, S, D)
         return x
 
-    def decode(
+    def decode_hidden(
         self,
         tgt_in: torch.Tensor,
         memory: torch.Tensor,
@@ -202,15 +253,8 @@ class Transformer(nn.Module):
         *,
         cache: EncoderDecoderCache | None = None,
     ) -> torch.Tensor:
-        """Decoder input ids (B, T) and memory (B, S, D) -> logits (B, T, V).
-
-        With a ``cache`` (:meth:`new_cache`), ``tgt_in`` holds only the new decoder
-        tokens and ``tgt_attention_mask``, if given, covers cached and new ones.
-        """
-        sc = ShapeChecker()
-        self._check_ids("tgt_in", tgt_in, sc, ("B", "T"))
-        sc.check("memory", memory, ("B", "S", self.cfg.d_model))
-        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
+        """The last decoder layer's output (B, T, D); :meth:`decode` applies the head."""
+        sc = self._check_decoder_inputs(tgt_in, memory, src_attention_mask)
         start = 0 if cache is None else cache.length
         t = tgt_in.shape[1]
         if start + t > self.cfg.max_positions:
@@ -224,20 +268,11 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tgt_in, start)
         for block in self.decoder:
             x = block(x, self_mask, context=memory, context_mask=cross_mask, cache=cache)  # (B, T, D)
-        return self.lm_head(x)  # (B, T, V)
+        return x
 
-    def forward(
-        self,
-        src: torch.Tensor,
-        tgt_in: torch.Tensor,
-        src_attention_mask: torch.Tensor | None = None,
-        tgt_attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T)."""
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        memory = self.encode(src, src_attention_mask)
-        return self.decode(tgt_in, memory, src_attention_mask, tgt_attention_mask)
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Decoder output (B, T, D) -> logits (B, T, V): the pre-softmax projection (tied to the embedding)."""
+        return self.lm_head(hidden)
 
 
 def seq2seq_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, *, bos_id: int,
