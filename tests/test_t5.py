@@ -229,3 +229,14 @@ def test_training_mode_is_restored_and_dropout_is_off_in_generation():
     a = generate_seq2seq(model, src, max_new_tokens=4)
     b = generate_seq2seq(model, src, max_new_tokens=4)
     assert model.training and a.tolist() == b.tolist()
+
+
+def test_load_pretrained_names_a_missing_folder(tmp_path):
+    from companion.models.bart import load_pretrained_bart
+    from companion.models.t5 import load_pretrained_t5
+
+    for load in (load_pretrained_t5, load_pretrained_bart):
+        with pytest.raises(FileNotFoundError, match=r"nowhere is not a folder"):
+            load(tmp_path / "nowhere")
+        with pytest.raises(FileNotFoundError, match="has no config.json"):
+            load(tmp_path)  # a folder, but not a saved model

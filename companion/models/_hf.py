@@ -34,6 +34,8 @@ def read_hf_folder(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Te
     (loaded with ``weights_only=True``), in that order of preference.
     """
     folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder: expected one written by save_pretrained or the hub")
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json: expected a folder written by save_pretrained")

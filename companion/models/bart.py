@@ -160,7 +160,4 @@ def load_pretrained_bart(path: str | Path) -> EncoderDecoder:
     No ``transformers`` import: in Colab, fetch a checkpoint with
     ``huggingface_hub.snapshot_download("facebook/bart-base")`` and pass the folder it returns.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder: expected one written by save_pretrained or the hub")
-    return from_hf_bart(folder)
+    return from_hf_bart(Path(path))  # (a missing folder is named in the error: read_hf_folder checks it)

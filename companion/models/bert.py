@@ -508,8 +508,5 @@ def load_pretrained(path: str | Path) -> BertModel | BertForMaskedLM | BertForPr
     ``huggingface_hub.snapshot_download("google-bert/bert-base-uncased")`` and
     pass the folder it returns.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder: expected one written by save_pretrained or the hub")
-    return from_hf_bert(folder)
+    return from_hf_bert(Path(path))  # (a missing folder is named in the error: read_hf_folder checks it)
 

@@ -218,7 +218,4 @@ def load_pretrained_t5(path: str | Path) -> EncoderDecoder:
     No ``transformers`` import: in Colab, fetch a checkpoint with
     ``huggingface_hub.snapshot_download("google-t5/t5-small")`` and pass the folder it returns.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder: expected one written by save_pretrained or the hub")
-    return from_hf_t5(folder)
+    return from_hf_t5(Path(path))  # (a missing folder is named in the error: read_hf_folder checks it)
