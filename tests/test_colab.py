@@ -35,9 +35,13 @@ import notebooks as nbtools  # noqa: E402
 # tokenizers 0.22 is the last 4.x release: Colab's Hugging Face libraries trail PyPI,
 # and a whole major version behind the pinned 5.x is the harder case to survive.
 COLAB_TRANSFORMERS = "4.57.6"
+# The kernel is Colab's too: ipykernel 6.17.1 (google-colab pins it). An unpinned ipykernel
+# resolves to 7.x, whose kernels now and then stop answering nbclient in the middle of a
+# notebook (a run here hung in ch05 with the kernel idle; vscode-jupyter #17228/#17410
+# report the same); a hung simulation is a failing test, and Colab never runs 7.x.
 COLAB_PACKAGES = [
     f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "ipywidgets", "tqdm",
-    "ipykernel", "nbclient", "nbformat", f"transformers=={COLAB_TRANSFORMERS}", "tokenizers==0.22.1",
+    "ipykernel==6.17.1", "nbclient", "nbformat", f"transformers=={COLAB_TRANSFORMERS}", "tokenizers==0.22.1",
 ]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb")) + sorted((ROOT / "exercises").glob("*.ipynb"))
 
