@@ -19,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from companion.blocks import FeedForward
 from companion.distributed import (ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, init, pipeline_step,
                                    rank_batches, shard)
-from companion.models.gpt import GPT, GPTConfig
 from companion.training import TrainConfig, latest_checkpoint, lm_loss, train
+from resume_setup import Killed, evaluate, step_batch as global_batch, tiny_gpt  # (tests/ is sys.path[0] under torchrun)
 
 
 def max_diff(a, b):
@@ -85,32 +85,13 @@ def pipeline(rank, world):
 TRAIN = TrainConfig(steps=6, lr=1e-2, warmup_steps=2, eval_every=2)
 
 
-def _gpt():
-    torch.manual_seed(3)
-    return GPT(GPTConfig(vocab_size=13, max_positions=8, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
-
-
-def global_batch(step):  # the whole batch of a step, a function of step only
-    g = torch.Generator().manual_seed(1000 + step)
-    x = torch.randint(0, 13, (4, 8), generator=g)
-    return x, torch.roll(x, -1, dims=1)
-
-
-def evaluate(model):
-    return lm_loss(model, global_batch(-1)).item()
-
-
-class Killed(Exception):
-    pass
-
-
 def training_loop(rank, world, ckpt_dir):
     """companion.training.train under torchrun against one process on the whole batch; then kill and resume."""
-    single = _gpt()
+    single = tiny_gpt(3)
     dist.barrier()
     # The one-process reference, computed on every rank with the process group hidden from train().
     hist_single = _without_group(lambda: train(single, lm_loss, global_batch, TRAIN, eval_fn=evaluate, progress=False))
-    ddp = _gpt()
+    ddp = tiny_gpt(3)
     hist = train(ddp, lm_loss, rank_batches(global_batch, rank, world), TRAIN, eval_fn=evaluate, progress=False)
     out = {"weights": max(max_diff(p, q) for p, q in zip(ddp.parameters(), single.parameters())),
            "train_loss": max(abs(a - b) for a, b in zip(hist.train_loss, hist_single.train_loss)),
@@ -123,12 +104,12 @@ def training_loop(rank, world, ckpt_dir):
         return rank_batches(global_batch, rank, world)(step)
 
     try:
-        train(_gpt(), lm_loss, dies_at_step_4, TRAIN, eval_fn=evaluate, progress=False,
+        train(tiny_gpt(3), lm_loss, dies_at_step_4, TRAIN, eval_fn=evaluate, progress=False,
               checkpoint_dir=ckpt_dir, checkpoint_every=3)
     except Killed:
         pass
     out["saved_at"] = latest_checkpoint(ckpt_dir).name
-    resumed = _gpt()
+    resumed = tiny_gpt(3)
     hist_r = train(resumed, lm_loss, rank_batches(global_batch, rank, world), TRAIN, eval_fn=evaluate,
                    progress=False, checkpoint_dir=ckpt_dir, checkpoint_every=3, resume=True)
     out["resumed_weights"] = max(max_diff(p, q) for p, q in zip(resumed.parameters(), ddp.parameters()))

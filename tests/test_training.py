@@ -8,33 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.models.gpt import GPT, GPTConfig
 from companion.training import TrainConfig, latest_checkpoint, lm_loss, train
+from resume_setup import Killed, evaluate, step_batch as get_batch, tiny_gpt
 
 CFG = TrainConfig(steps=6, lr=1e-2, warmup_steps=2, eval_every=2)
 
 
-def _model():
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=13, max_positions=8, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
-
-
-def get_batch(step):  # a function of step only: what makes a resumed run equal an uninterrupted one
-    g = torch.Generator().manual_seed(1000 + step)
-    x = torch.randint(0, 13, (4, 8), generator=g)
-    return x, torch.roll(x, -1, dims=1)
-
-
-def evaluate(model):
-    return lm_loss(model, get_batch(-1)).item()
-
-
-class Killed(Exception):
-    pass
-
-
 def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    ref = _model()
+    ref = tiny_gpt(0)
     hist_ref = train(ref, lm_loss, get_batch, CFG, eval_fn=evaluate, progress=False)
 
     def dies_at_step_4(step):
@@ -42,12 +23,12 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
             raise Killed
         return get_batch(step)
 
-    model = _model()
+    model = tiny_gpt(0)
     with pytest.raises(Killed):
         train(model, lm_loss, dies_at_step_4, CFG, eval_fn=evaluate, progress=False,
               checkpoint_dir=tmp_path, checkpoint_every=3)
     assert latest_checkpoint(tmp_path).name == "step_0000003"
-    resumed = _model()  # a fresh process: new weights, resumed from disk
+    resumed = tiny_gpt(0)  # a fresh process: new weights, resumed from disk
     hist = train(resumed, lm_loss, get_batch, CFG, eval_fn=evaluate, progress=False,
                  checkpoint_dir=tmp_path, checkpoint_every=3, resume=True)
     for (name, p), q in zip(resumed.named_parameters(), ref.parameters()):
@@ -58,11 +39,11 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 
 def test_without_resume_the_checkpoint_is_ignored_and_arguments_are_checked(tmp_path):
-    train(_model(), lm_loss, get_batch, CFG, progress=False, checkpoint_dir=tmp_path)
+    train(tiny_gpt(0), lm_loss, get_batch, CFG, progress=False, checkpoint_dir=tmp_path)
     assert latest_checkpoint(tmp_path).name == "step_0000006"  # the last step is always saved
-    h = train(_model(), lm_loss, get_batch, CFG, progress=False)
+    h = train(tiny_gpt(0), lm_loss, get_batch, CFG, progress=False)
     assert h.steps == list(range(6))
     with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint_dir"):
-        train(_model(), lm_loss, get_batch, CFG, progress=False, checkpoint_every=2)
+        train(tiny_gpt(0), lm_loss, get_batch, CFG, progress=False, checkpoint_every=2)
     with pytest.raises(ValueError, match="resume=True needs"):
-        train(_model(), lm_loss, get_batch, CFG, progress=False, resume=True)
+        train(tiny_gpt(0), lm_loss, get_batch, CFG, progress=False, resume=True)
