@@ -70,6 +70,31 @@ def test_encoder_decoders_share_one_interface():
     assert defining == ["models/transformer.py"]
 
 
+def test_encoder_decoders_check_token_ids_alike():
+    """One check of token ids serves both encoder-decoders; each adds only its own length rule."""
+    import pytest
+
+    from companion.models.encoder_decoder import EncoderDecoder
+    from companion.models.t5 import t5_config
+    from companion.models.transformer import Transformer, TransformerConfig
+
+    models = [Transformer(TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                                            n_decoder_layers=1, max_positions=8)),
+              EncoderDecoder(t5_config(11, d_model=8, d_kv=4, d_ff=16, n_layers=1, n_heads=2, max_positions=8))]
+    good = torch.tensor([[1, 2, 3]])
+    for model in models:
+        name = type(model).__name__
+        assert model(good, good).shape == (1, 3, 11), name
+        assert model(good.int(), good.int()).shape == (1, 3, 11), name  # int32 ids, as nn.Embedding takes
+        for dtype in (torch.float32, torch.bool, torch.int16, torch.uint8):  # nn.Embedding refuses them all
+            with pytest.raises(TypeError, match=r"src must hold integer token ids \(int64 or int32\)"):
+                model(good.to(dtype), good)
+        with pytest.raises(ValueError, match=r"tgt_in ids must lie in \[0, 11\), got range \[1, 11\]"):
+            model(good, torch.tensor([[1, 11]]))
+        with pytest.raises(ValueError, match=r"src ids must lie in \[0, 11\), got range \[-1, 2\]"):
+            model(torch.tensor([[-1, 2]]), good)
+
+
 def test_moved_names_have_no_old_import_paths():
     """Issue 8: names live in one place; the re-exports kept for old notebooks are gone."""
     import importlib

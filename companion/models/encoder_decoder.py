@@ -203,13 +203,9 @@ class EncoderDecoder(Seq2SeqModel):
 
     # ------------------------------------------------------------------ pieces
     def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        sc.check(name, ids, dims)
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
-            raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+        super()._check_ids(name, ids, sc, dims)
         if ids.shape[1] == 0:
             raise ValueError(f"{name} must hold at least one token, got length 0")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
 
     def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
         cfg = self.cfg

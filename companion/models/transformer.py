@@ -124,8 +124,9 @@ class Seq2SeqModel(nn.Module):
     ``decode_hidden(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=None)
     -> (B, T, D)`` and ``head(hidden) -> logits (B, T, V)``, and has a ``cfg`` with
     ``pad_id``, ``max_positions`` and ``n_decoder_layers``. This class makes of them
-    the teacher-forced :meth:`forward`, :meth:`decode`, the decoder cache and the
-    decoder as a causal LM for :mod:`companion.generation` (:meth:`decoder_lm`).
+    the teacher-forced :meth:`forward`, :meth:`decode`, the decoder cache, the
+    decoder as a causal LM for :mod:`companion.generation` (:meth:`decoder_lm`) and
+    the checks of token ids and decoder inputs.
     """
 
     @property
@@ -136,6 +137,14 @@ class Seq2SeqModel(nn.Module):
     def new_cache(self) -> EncoderDecoderCache:
         """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
         return EncoderDecoderCache(self.cfg.n_decoder_layers)
+
+    def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
+        """Token ids of shape ``dims``: int64 or int32 (what ``nn.Embedding`` takes), each in ``[0, vocab_size)``."""
+        sc.check(name, ids, dims)
+        if ids.dtype not in (torch.long, torch.int32):
+            raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {ids.dtype}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+            raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
 
     def _check_decoder_inputs(self, tgt_in, memory, src_attention_mask) -> ShapeChecker:
         """Check what ``decode_hidden`` receives; the returned checker has B, T and S bound."""
@@ -218,13 +227,9 @@ class Transformer(Seq2SeqModel):
             nn.init.normal_(module.weight, std=1.0)
 
     def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        sc.check(name, ids, dims)
-        if ids.dtype not in (torch.long, torch.int, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+        super()._check_ids(name, ids, sc, dims)
         if ids.shape[1] > self.cfg.max_positions:
             raise ValueError(f"{name} has length {ids.shape[1]}, longer than max_positions={self.cfg.max_positions}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
 
     def embed_tokens(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         """``Embedding(ids) * sqrt(d_model) + PE[start:start + length]``, then dropout (sections 3.4, 3.5)."""
