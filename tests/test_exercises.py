@@ -2,7 +2,7 @@
 
 Every solution notebook must score full marks and every untouched exercise
 notebook must score zero, without crashing; a hostile submission still gets a
-row. The notebooks are executed by `python -m companion.grading grade`.
+row. The notebooks are executed by the instructor's grader (`python -m companion_grader grade`).
 """
 
 import csv
@@ -32,7 +32,7 @@ def graded(tmp_path_factory):
     for path in EXERCISES:
         shutil.copy(path, folder / f"untouched-{path.name}")
     proc = subprocess.run(
-        [sys.executable, "-m", "companion.grading", "grade", str(folder), "--notebook-timeout", "300"],
+        [sys.executable, "-m", "companion_grader", "grade", str(folder), "--notebook-timeout", "300"],
         capture_output=True, text=True, cwd=folder,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,7 +83,7 @@ def test_hostile_submission_still_gets_a_row(tmp_path):
         elif "def split_heads" in src:
             cell["source"] = "raise RuntimeError('oops')\n" + src  # split/merge never get defined
     (tmp_path / "hostile.ipynb").write_text(json.dumps(nb))
-    from companion.grading.instructor import Limits, grade_notebook
+    from companion_grader.instructor import Limits, grade_notebook
 
     r = grade_notebook(tmp_path / "hostile.ipynb", limits=Limits(cell_seconds=5, notebook_seconds=120))
     by_id = {e["id"]: e for e in r["exercises"]}

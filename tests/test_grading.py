@@ -205,7 +205,7 @@ def test_unknown_exercise_is_a_clear_error():
 # ---------------------------------------------------------------- authoring checks
 
 def test_malformed_solution_markers_are_rejected():
-    from companion.grading.authoring import strip_solutions
+    from companion_grader.authoring import strip_solutions
 
     for bad in ("def f():\n    ## BEGIN SOLUTION\n    return 1\n    ## END SOLUTION\n",
                 "def f():\n    ### begin solution\n    return 1\n    ### END SOLUTION\n",
@@ -221,7 +221,7 @@ def test_statement_points_must_match_the_registry():
     import json
     from pathlib import Path
 
-    from companion.grading.authoring import check_statements
+    from companion_grader.authoring import check_statements
 
     sol = json.loads((Path(__file__).resolve().parents[1] / "solutions" / "ch02_attention.ipynb").read_text())
     check_statements(sol)

@@ -61,7 +61,7 @@ def test_every_fixture_has_an_expected_row():
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    from companion.grading.sandbox import sandbox_status
+    from companion_grader.sandbox import sandbox_status
 
     if not sys.platform.startswith("linux"):
         pytest.skip("the sandbox (bubblewrap) is Linux only; elsewhere the grader falls back and says so")
@@ -73,16 +73,16 @@ def batch(tmp_path_factory):
         text = path.read_text(encoding="utf-8").replace("@@FOLDER@@", str(folder))
         (folder / path.name).write_text(text, encoding="utf-8")
     out = tmp_path_factory.mktemp("results")
-    before = {"companion": digest(ROOT / "companion"), "submissions": digest(folder), "fixtures": digest(FIXTURES)}
+    before = {"companion": digest(ROOT / "companion"), "grader": digest(ROOT / "grader"), "submissions": digest(folder), "fixtures": digest(FIXTURES)}
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "companion.grading", "grade", str(folder), "--csv", str(out / "scores.csv"),
+        [sys.executable, "-m", "companion_grader", "grade", str(folder), "--csv", str(out / "scores.csv"),
          "--json", str(out / "scores.json"), "--notebook-timeout", str(NOTEBOOK_SECONDS),
          "--cell-timeout", str(CELL_SECONDS)],
         capture_output=True, text=True, timeout=BOUND_SECONDS + 60,
     )
     elapsed = time.monotonic() - start
-    after = {"companion": digest(ROOT / "companion"), "submissions": digest(folder), "fixtures": digest(FIXTURES)}
+    after = {"companion": digest(ROOT / "companion"), "grader": digest(ROOT / "grader"), "submissions": digest(folder), "fixtures": digest(FIXTURES)}
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "scores.json").read_text())
     return {"proc": proc, "elapsed": elapsed, "before": before, "after": after, "doc": doc,
@@ -155,7 +155,7 @@ def test_without_a_sandbox_the_grader_warns_and_flags_writes(tmp_path):
                             "source": f"open({str(tmp_path / 'escaped.txt')!r}, 'w').write('x')\n"})
     (tmp_path / "writer.ipynb").write_text(json.dumps(nb))
     proc = subprocess.run(
-        [sys.executable, "-m", "companion.grading", "grade", str(tmp_path), "--notebook-timeout", "60"],
+        [sys.executable, "-m", "companion_grader", "grade", str(tmp_path), "--notebook-timeout", "60"],
         capture_output=True, text=True, timeout=180, env={**os.environ, "COMPANION_GRADING_SANDBOX": "none"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The wire between the instructor's grader and a submission's worker (companion.grading.remote/worker)."""
+"""The wire between the instructor's grader and a submission's worker (companion_grader.remote/worker)."""
 
 import tempfile
 import time
@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from companion.grading.instructor import Limits, _Session
-from companion.grading.remote import RemoteError, RemoteObject
+from companion.grading.core import StudentError
+from companion_grader.instructor import Limits, _Session
+from companion_grader.remote import RemoteObject
 
 STUDENT = '''
 import collections, enum, torch
@@ -107,7 +108,7 @@ def test_exceptions_keep_builtin_types_but_never_stop_the_grader(session):
     picky = target(session, "picky")
     with pytest.raises(ValueError, match="n must be >= 0"):
         picky(-1)
-    with pytest.raises(RemoteError) as info:  # SystemExit in the worker is only a message here
+    with pytest.raises(StudentError) as info:  # SystemExit in the worker is only a message here
         picky(1)
     assert not isinstance(info.value, SystemExit) and "SystemExit" in info.value.description
 
@@ -141,7 +142,7 @@ def test_ipython_magics_do_not_cost_the_code_around_them(session):
 
 
 def test_the_sandboxed_worker_has_no_capabilities(session):
-    from companion.grading.sandbox import sandbox_status
+    from companion_grader.sandbox import sandbox_status
 
     if not sandbox_status().startswith("bubblewrap"):
         pytest.skip("no bubblewrap here: " + sandbox_status())
@@ -155,7 +156,7 @@ def test_the_sandboxed_worker_has_no_capabilities(session):
     (b"\xff\xfe", "UnicodeDecodeError"),
 ])
 def test_files_that_are_not_notebooks_get_a_reason(tmp_path, content, reason):
-    from companion.grading.instructor import grade_notebook
+    from companion_grader.instructor import grade_notebook
 
     path = tmp_path / "bad.ipynb"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -178,7 +179,7 @@ def test_a_python_or_clone_under_tmp_stays_visible_in_the_sandbox(tmp_path, monk
     import subprocess
     import sys
 
-    from companion.grading import sandbox
+    from companion_grader import sandbox
 
     if not sandbox._bwrap_works():
         pytest.skip("bubblewrap is not usable here")

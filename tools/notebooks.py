@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "grader")]  # the course package and the instructor's grader, uninstalled
 
-from companion.grading.authoring import notebook_text, sync_exercises  # noqa: E402
+from companion_grader.authoring import notebook_text, sync_exercises  # noqa: E402
 
 NOTEBOOK_DIRS = ("book", "solutions")
 

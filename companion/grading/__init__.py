@@ -9,9 +9,10 @@ In a notebook::
     score(2)                  # last cell: the total for the chapter
 
 These checks run in the student's kernel: they are feedback. An instructor
-grades a folder of submitted notebooks with
-``python -m companion.grading grade SUBMISSIONS/`` (see :mod:`.instructor`),
+grades a folder of submitted notebooks with the separate instructor's grader
+(``pip install -e ./grader``, then ``python -m companion_grader grade SUBMISSIONS/``),
 which runs the same cases in its own process, out of the submissions' reach.
+This package never imports it: a learner's install (Colab) has only ``companion``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 from typing import Any
 
 from .core import (
+    WORKER_ENV,
     Case,
     CheckFailed,
     Exercise,
@@ -30,6 +32,7 @@ from .core import (
     get_exercise,
     register,
     run_exercise,
+    run_student,
 )
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "get_exercise",
     "chapter_exercises",
     "run_exercise",
+    "run_student",
 ]
 
 # Results of the check cells run in this kernel, by exercise id (a re-run replaces).
@@ -69,7 +73,7 @@ def check(exercise_id: str, *students: Any) -> None:
     cell shows only the report.
     """
     exercise = get_exercise(exercise_id)
-    if os.environ.get("COMPANION_GRADING_WORKER"):
+    if os.environ.get(WORKER_ENV):
         print(f"(check {exercise.id} skipped: the instructor's grader runs the checks itself)")
         return
     result = run_exercise(exercise, *students)
@@ -79,7 +83,7 @@ def check(exercise_id: str, *students: Any) -> None:
 
 def score(chapter: int) -> None:
     """Print the table of this chapter's exercises with the total."""
-    if os.environ.get("COMPANION_GRADING_WORKER"):
+    if os.environ.get(WORKER_ENV):
         return
     rows = []
     earned = possible = 0

@@ -19,8 +19,7 @@ from ..models.transformer import (
     greedy_decode,
     shift_right,
 )
-from .remote import run_student
-from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
+from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, input_after_call, register, run_student
 
 # ----------------------------------------------------------------- 4.1 shift right
 
@@ -50,14 +49,8 @@ def _shift_length_one_and_inplace(student):
     tgt = torch.tensor([[4], [9]])
     expect_tensor(student(tgt, 1, 0), torch.tensor([[1], [1]]), name="shift_right of a length-1 target")
     tgt = torch.randint(3, 13, (2, 6))
-    after = run_student(_input_after_call, student, tgt.clone(), 1, 0)
+    after = run_student(input_after_call, student, tgt.clone(), 1, 0)
     expect_true(torch.equal(after, tgt), "shift_right changed its input tensor in place; return a new tensor")
-
-
-def _input_after_call(student, x, *args):
-    """Run where the student's function lives: its first argument after the call (the grader passes copies)."""
-    student(x, *args)
-    return x
 
 
 register(Exercise(

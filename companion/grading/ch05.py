@@ -10,8 +10,7 @@ from torch import nn
 
 from ..blocks import layer_norm, residual
 from ..training import TrainConfig, lr_at
-from .remote import run_student
-from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
+from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
 
 # ----------------------------------------------------------------- 5.1 LayerNorm
 

@@ -12,8 +12,7 @@ import torch
 from ..attention import scaled_dot_product_attention
 from ..generation import beam_search_step, top_k_filter, top_p_filter
 from ..masks import causal_mask
-from .remote import run_student
-from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
+from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, input_after_call, register, run_student
 
 
 def _logits(*shape, seed=0, scale=2.0):
@@ -47,14 +46,8 @@ def _topk_batch_dims(student):
 
 def _topk_no_mutation(student):
     logits = _logits(3, 9, seed=3)
-    after = run_student(_input_after_call, student, logits.clone(), 2)
+    after = run_student(input_after_call, student, logits.clone(), 2)
     expect_true(torch.equal(after, logits), "top_k_filter changed its input in place; return a new tensor")
-
-
-def _input_after_call(student, x, *args):
-    """Run where the student's function lives: its first argument after the call (the grader passes copies)."""
-    student(x, *args)
-    return x
 
 
 register(Exercise(

@@ -7,6 +7,13 @@ Design rules (they are tested):
   that case's points with a message, and the remaining cases still run.
 * Checks test behaviour: random inputs against a reference implementation,
   odd sizes and edge cases, never the text of the code.
+
+The instructor's grader (the separate ``companion_grader`` distribution, in
+``grader/`` of the repository) runs these same cases in its own process
+against the student's objects living in another one. This module names what
+that needs and nothing more: :class:`StudentProxy` (the base of its proxies),
+:class:`StudentError` and :class:`StudentProcessDied` (what a call through a
+proxy may raise), and :data:`WORKER_ENV`. It never imports the grader.
 """
 
 from __future__ import annotations
@@ -39,11 +46,55 @@ __all__ = [
     "expect_tensor",
     "expect_true",
     "unwrap_student",
+    "run_student",
+    "input_after_call",
+    "describe_exception",
+    "StudentProxy",
+    "StudentError",
+    "StudentProcessDied",
+    "WORKER_ENV",
 ]
+
+# Set in the instructor's grader's worker process: check() and score() do nothing there.
+WORKER_ENV = "COMPANION_GRADING_WORKER"
 
 
 class CheckFailed(AssertionError):
     """Raised by a case when the student's result is wrong; the message is shown to the student."""
+
+
+class StudentError(Exception):
+    """An exception of the student's code that ran in another process, raised again in this one.
+
+    The instructor's grader raises it (built-in types are kept through a subclass that also
+    derives from the built-in, so a case may still expect ``ValueError``); ``description`` is
+    the text the student sees.
+    """
+
+    description = ""
+
+
+class StudentProcessDied(Exception):
+    """The process running the student's code ended or broke off while a case waited for it."""
+
+
+class StudentProxy:
+    """Base class of an object standing for a student's object that lives in another process.
+
+    The instructor's grader subclasses it. Calling a proxy already sends copies of the
+    arguments, so :func:`run_exercise` passes proxies as they are, and :func:`run_student`
+    hands its function to :meth:`_run_student`, which runs it where the student's objects are.
+    """
+
+    __slots__ = ()
+
+    def _run_student(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not say where to run {fn!r}")
+
+
+def is_proxy(obj: Any) -> bool:
+    # type(), not isinstance(): a proxy may claim the class of the student's object in __class__
+    return StudentProxy in type(obj).__mro__
 
 
 class _TimeUp(BaseException):
@@ -206,7 +257,8 @@ def time_limit(seconds: float) -> Iterator[None]:
         sys.settrace(old_trace)
 
 
-def _describe_exception(err: BaseException) -> str:
+def describe_exception(err: BaseException) -> str:
+    """What the student reads about an exception of their code: its type, first line and notebook line."""
     if isinstance(err, NotImplementedError):
         return "not implemented yet (the stub still raises NotImplementedError)"
     frames = traceback.extract_tb(err.__traceback__)
@@ -221,8 +273,6 @@ def _describe_exception(err: BaseException) -> str:
 
 def run_case(case: Case, *students: Any) -> CaseResult:
     """Run one case; every failure of the student's code becomes a message, never an exception."""
-    from .remote import RemoteError, WorkerDied
-
     try:
         with time_limit(case.timeout):
             case.run(*students)
@@ -232,12 +282,12 @@ def run_case(case: Case, *students: Any) -> CaseResult:
         return CaseResult(case.name, case.points, 0, f"did not finish within {case.timeout:g} s (an endless loop?)")
     except KeyboardInterrupt:
         raise
-    except RemoteError as err:  # raised by the student's code in the grader's worker
+    except StudentError as err:  # raised by the student's code in the instructor's grader's worker
         return CaseResult(case.name, case.points, 0, err.description)
-    except WorkerDied as err:
+    except StudentProcessDied as err:
         return CaseResult(case.name, case.points, 0, f"the process running your code stopped ({err})")
     except BaseException as err:  # noqa: BLE001 - SystemExit from student code too
-        return CaseResult(case.name, case.points, 0, _describe_exception(err))
+        return CaseResult(case.name, case.points, 0, describe_exception(err))
     return CaseResult(case.name, case.points, case.points)
 
 
@@ -248,11 +298,9 @@ def run_exercise(exercise: Exercise, *students: Any) -> ExerciseResult:
             f"exercise {exercise.id} checks {len(exercise.targets)} object(s) "
             f"({', '.join(exercise.targets)}), got {len(students)}"
         )
-    from .remote import is_remote
-
     # The student's code gets copies of the inputs, so an in-place update
     # cannot change the tensors the reference is computed from.
-    students = tuple(s if is_remote(s) else _OnCopies(s) for s in students)
+    students = tuple(s if is_proxy(s) else _OnCopies(s) for s in students)
     result = ExerciseResult(exercise)
     for case in exercise.cases:
         torch.manual_seed(0)  # each case sees the same random inputs on every run
@@ -288,6 +336,30 @@ class _OnCopies:
 def unwrap_student(obj: Any) -> Any:
     """The student's own object behind the copying wrapper of :func:`run_exercise`."""
     return obj.student if isinstance(obj, _OnCopies) else obj
+
+
+def run_student(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run the module-level function ``fn(*args)`` where the student's objects live.
+
+    For a check that must see the student's code from the inside (a gradient,
+    a Jacobian, whether the input was changed in place): in a notebook this is
+    ``fn(*args)`` on the student's own objects; in the instructor's grader
+    ``fn`` runs in the worker, where the arguments that are proxies are the
+    student's objects, and only its (plain) result comes back to be compared.
+    """
+    for a in (*args, *kwargs.values()):
+        if is_proxy(a):
+            return type(a)._run_student(a, fn, args, kwargs)
+    return fn(*(unwrap_student(a) for a in args), **{k: unwrap_student(v) for k, v in kwargs.items()})
+
+
+def input_after_call(student: Callable[..., Any], x: Any, *args: Any) -> Any:
+    """``x`` after ``student(x, *args)``: with :func:`run_student`, whether the student changed its input.
+
+    The caller passes a copy of its tensor and compares what comes back with the original.
+    """
+    student(x, *args)
+    return x
 
 
 # ---------------------------------------------------------------- comparisons

@@ -1,11 +1,11 @@
 """The wire between the instructor's grader (trusted) and a submission's worker (untrusted).
 
-The grader runs the cases of :mod:`companion.grading.chNN` in its own process.
-The student's objects live in a worker process (:mod:`.worker`) and are seen by
-the cases through :class:`RemoteObject` proxies: calling one sends the
-arguments (copies, by construction) to the worker, which calls the student's
-object and sends back only the result. The grader builds the inputs and the
-reference answers and compares them; nothing the submission does in its
+The grader runs the cases of the course's ``companion.grading.chNN`` modules in
+its own process. The student's objects live in a worker process (:mod:`.worker`)
+and are seen by the cases through :class:`RemoteObject` proxies: calling one
+sends the arguments (copies, by construction) to the worker, which calls the
+student's object and sends back only the result. The grader builds the inputs
+and the reference answers and compares them; nothing the submission does in its
 process can change them.
 
 Frames are an 8-byte length and a payload. Grader to worker: a pickle (the
@@ -13,7 +13,10 @@ worker trusts the grader). Worker to grader: ``torch.save`` of plain data
 (tensors, numbers, strings, lists, tuples, dicts), read back with
 ``torch.load(weights_only=True)``, which refuses to build arbitrary objects.
 Any other object the student returns stays in the worker and is sent as a
-handle ``{"__remote__": id, "type": ..., "mro": [...]}``.
+handle ``{"__remote__": id, "type": ..., "mro": [...]}``. An exception of the
+student's code comes back as :class:`companion.grading.core.StudentError`, a
+worker that goes away as :class:`companion.grading.core.StudentProcessDied`:
+the course's ``run_case`` turns both into a failed case with a message.
 """
 
 from __future__ import annotations
@@ -30,21 +33,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["RemoteObject", "RemoteError", "WorkerDied", "Channel", "is_remote", "run_student"]
+from companion.grading.core import StudentError, StudentProcessDied, StudentProxy
+
+__all__ = ["RemoteObject", "Channel", "remote_exception"]
 
 HEADER = struct.Struct(">Q")
 MAX_FRAME = 256 * 1024 * 1024  # a reply larger than this is treated as a broken worker
-
-
-class WorkerDied(Exception):
-    """The worker process ended or broke the protocol while the grader waited for it."""
-
-
-class RemoteError(Exception):
-    """Mixin of the exceptions re-raised from the student's code; ``description`` is the student-facing text."""
-
-    description = ""
-
 
 _ERROR_CLASSES: dict[str, type] = {}
 
@@ -53,7 +47,7 @@ def remote_exception(type_name: str, description: str) -> BaseException:
     """An exception to raise in the grader for one raised by the student's code in the worker.
 
     Built-in exception types keep their type (a case may expect ``ValueError``),
-    anything else becomes a plain :class:`RemoteError`; never a ``BaseException``
+    anything else becomes a plain :class:`StudentError`; never a ``BaseException``
     like ``SystemExit`` that would stop the grader.
     """
     base = getattr(builtins, type_name, None)
@@ -61,7 +55,7 @@ def remote_exception(type_name: str, description: str) -> BaseException:
         base = Exception
     cls = _ERROR_CLASSES.get(type_name)
     if cls is None:
-        cls = type(type_name, (RemoteError, base), {"__module__": "student"})
+        cls = type(type_name, (StudentError, base), {"__module__": "student"})
         _ERROR_CLASSES[type_name] = cls
     err = cls(description)
     err.description = description
@@ -90,7 +84,7 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
                 raise TimeoutError
         chunk = os.read(fd, min(n - got, 1 << 20))
         if not chunk:
-            raise WorkerDied("the worker closed its output")
+            raise StudentProcessDied("the worker closed its output")
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
@@ -99,7 +93,7 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
 def read_frame(fd: int, deadline: float | None = None) -> bytes:
     (n,) = HEADER.unpack(_read_exact(fd, HEADER.size, deadline))
     if n > MAX_FRAME:
-        raise WorkerDied(f"the worker sent a frame of {n} bytes")
+        raise StudentProcessDied(f"the worker sent a frame of {n} bytes")
     return _read_exact(fd, n, deadline)
 
 
@@ -126,7 +120,7 @@ class Channel:
 
     def request(self, message: tuple, deadline: float | None = None) -> Any:
         if self.broken:
-            raise WorkerDied("the worker was stopped earlier in this exercise")
+            raise StudentProcessDied("the worker was stopped earlier in this exercise")
         buf = io.BytesIO()
         _HandlePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
         try:
@@ -140,7 +134,7 @@ class Channel:
     def _unwrap(self, reply: Any) -> Any:
         if not isinstance(reply, dict):
             self.broken = True
-            raise WorkerDied(f"the worker sent {type(reply).__name__} instead of a reply")
+            raise StudentProcessDied(f"the worker sent {type(reply).__name__} instead of a reply")
         found = reply.get("imports")
         if isinstance(found, list):
             self.imports.update(str(m)[:200] for m in found[:1000])
@@ -186,7 +180,7 @@ def _trusted_class(mro: list[str]) -> type | None:
     return None
 
 
-class RemoteObject:
+class RemoteObject(StudentProxy):
     """A proxy for an object living in the worker: call it, read its attributes, call its methods."""
 
     __slots__ = ("_channel", "_id", "_type", "_claimed")
@@ -226,27 +220,9 @@ class RemoteObject:
     def __setattr__(self, name: str, value: Any) -> None:
         self._request("setattr", object.__getattribute__(self, "_id"), name, value)
 
+    def _run_student(self, fn: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        # companion.grading.core.run_student: fn runs in the worker, on the student's own objects
+        return object.__getattribute__(self, "_channel").request(("apply", fn, args, kwargs))
+
     def __repr__(self) -> str:
         return f"<student {object.__getattribute__(self, '_type')}>"
-
-
-def is_remote(obj: Any) -> bool:
-    return RemoteObject in type(obj).__mro__  # type(), not __class__, which a proxy may claim
-
-
-def run_student(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run the module-level function ``fn(*args)`` where the student's objects live.
-
-    For a check that must see the student's code from the inside (a gradient,
-    a Jacobian, whether the input was changed in place): in a notebook this is
-    ``fn(*args)``; in the instructor's grader ``fn`` runs in the worker, where
-    ``args`` that are proxies are the student's own objects, and only its
-    (plain) result comes back to be compared.
-    """
-    from .core import unwrap_student
-
-    for a in (*args, *kwargs.values()):
-        if is_remote(a):
-            channel = object.__getattribute__(a, "_channel")
-            return channel.request(("apply", fn, args, kwargs))
-    return fn(*(unwrap_student(a) for a in args), **{k: unwrap_student(v) for k, v in kwargs.items()})

@@ -1,4 +1,4 @@
-"""Command line: ``python -m companion.grading {grade,make-exercises} ...``."""
+"""Command line: ``python -m companion_grader {grade,make-exercises} ...``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m companion.grading", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m companion_grader", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("grade", help="grade a folder of submitted exercise notebooks")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in stale:
         print(f"{verb}: {path}")
     if args.check and stale:
-        print("run: python -m companion.grading make-exercises", file=sys.stderr)
+        print("run: python -m companion_grader make-exercises", file=sys.stderr)
         return 1
     return 0
 

@@ -1,7 +1,7 @@
 """The untrusted side of the instructor's grader: runs one submission's code, answers calls.
 
 Started by :mod:`.instructor` (inside the sandbox) as
-``python -m companion.grading.worker``, with the protocol on its stdin and
+``python -m companion_grader.worker``, with the protocol on its stdin and
 stdout. Before any student code runs, the protocol is moved to other file
 descriptors and the student's prints go to stderr, so nothing a cell prints
 can be mistaken for a reply.
@@ -15,6 +15,7 @@ the end; ``("target", name)``; ``("call", id, args, kwargs)``;
 
 from __future__ import annotations
 
+import io
 import linecache
 import os
 import pickle
@@ -24,7 +25,11 @@ import types
 from collections import OrderedDict
 from typing import Any
 
-ENV_FLAG = "COMPANION_GRADING_WORKER"  # check() and score() do nothing in the worker
+import torch
+
+from companion.grading.core import WORKER_ENV, describe_exception
+
+from .remote import dump_plain, read_frame, write_frame
 
 PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -38,8 +43,6 @@ class Worker:
 
     # ---------------------------------------------------------- replies
     def send(self, obj: Any) -> None:
-        from .remote import dump_plain, write_frame
-
         write_frame(self.out, dump_plain(obj))
 
     def handle_of(self, obj: Any) -> dict[str, Any]:
@@ -52,8 +55,6 @@ class Worker:
 
     def plain(self, obj: Any, depth: int = 0) -> Any:
         """``obj`` as plain data; anything else becomes a handle (the object stays here)."""
-        import torch
-
         if depth > 50:
             return self.handle_of(obj)
         if isinstance(obj, torch.Tensor):
@@ -82,9 +83,7 @@ class Worker:
         return self.handle_of(obj)
 
     def error(self, err: BaseException) -> dict[str, Any]:
-        from .core import _describe_exception
-
-        return {"error": _describe_exception(err), "type": type(err).__name__}
+        return {"error": describe_exception(err), "type": type(err).__name__}
 
     # ---------------------------------------------------------- requests
     def resolve(self, data: bytes) -> Any:
@@ -93,8 +92,6 @@ class Worker:
         class Unpickler(pickle.Unpickler):
             def persistent_load(self, pid):
                 return objects[pid[1]]
-
-        import io
 
         return Unpickler(io.BytesIO(data)).load()
 
@@ -148,8 +145,6 @@ class Worker:
         importlib.import_module = watched_import_module
 
     def serve(self) -> None:
-        from .remote import read_frame
-
         while True:
             try:
                 data = read_frame(self.inp)
@@ -164,8 +159,6 @@ class Worker:
                     name = message[1]
                     reply = {"value": self.handle_of(self.namespace[name]) if name in self.namespace else None}
                 elif kind == "call":
-                    import torch
-
                     _, key, args, kwargs, grad = message
                     with torch.set_grad_enabled(grad):
                         reply = {"value": self.plain(self.objects[key](*args, **kwargs))}
@@ -230,14 +223,12 @@ def main() -> None:
     os.dup2(2, 1)
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
-    os.environ[ENV_FLAG] = "1"
+    os.environ[WORKER_ENV] = "1"  # check() and score() of the notebook's cells do nothing here
     worker = Worker(inp, out)
     worker.watch_imports()
     shell = _NoShell(worker.namespace)
     worker.namespace["get_ipython"] = lambda: shell
     try:
-        import torch  # noqa: F401 - imported before any student code, so the protocol can use it
-
         worker.serve()
     except BaseException:  # noqa: BLE001
         traceback.print_exc()

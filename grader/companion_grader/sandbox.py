@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import companion
+
 __all__ = ["Limits", "sandbox_status", "hidden_paths", "start_worker", "kill_worker"]
 
 
@@ -31,6 +33,11 @@ class Limits:
     file_bytes: int = 64 * 1024**2  # largest file the worker may write (RLIMIT_FSIZE)
     processes: int = 256  # new processes and threads the worker may add to what the user already runs (RLIMIT_NPROC)
 
+
+# The folders holding the two import packages the worker runs: the course's ``companion``
+# (its repository root in an editable install, where ``solutions/`` sits beside it) and this one.
+COURSE_ROOT = Path(companion.__file__).resolve().parents[1]
+GRADER_ROOT = Path(__file__).resolve().parents[1]
 
 _BWRAP: dict[str, bool] | None = None  # {"works": ..., "size": whether this bwrap has --size}
 NO_SANDBOX_ENV = "COMPANION_GRADING_SANDBOX"  # "none": use the fallback even where bubblewrap works
@@ -74,10 +81,10 @@ def sandbox_status() -> str:
 
 def kept_under_tmp() -> tuple[Path, ...]:
     """What the worker needs that a fresh ``/tmp`` would hide: Python, a virtual environment, the
-    package or an import path living under ``/tmp`` (a clone or a venv made there)."""
+    packages or an import path living under ``/tmp`` (a clone or a venv made there)."""
     tmp = Path("/tmp").resolve()
     wanted = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent,
-              Path(__file__).resolve().parents[2], *(Path(p) for p in sys.path if p)]
+              COURSE_ROOT, GRADER_ROOT, *(Path(p) for p in sys.path if p)]
     found = sorted({p.resolve() for p in wanted if p.exists()}, key=lambda p: len(p.parts))
     keep: list[Path] = []
     for p in found:
@@ -142,9 +149,9 @@ def _limit(limits: Limits):
 def hidden_paths(folder: Path, results: tuple[Path | None, ...] = ()) -> tuple[Path, ...]:
     """What a worker must not even read: the submissions (another student's work), the results,
     and the course's solutions next to the package (an editable install)."""
-    package_root = Path(__file__).resolve().parents[2]
-    needed = [Path(sys.prefix).resolve(), package_root / "companion", Path(sys.executable).resolve()]
-    hide = [Path(folder).resolve(), package_root / "solutions"]
+    needed = [Path(sys.prefix).resolve(), COURSE_ROOT / "companion", GRADER_ROOT / "companion_grader",
+              Path(sys.executable).resolve()]
+    hide = [Path(folder).resolve(), COURSE_ROOT / "solutions"]
     hide += [Path(p).resolve() for p in results if p is not None]
     return tuple(h for h in hide if h.exists() and not any(n == h or h in n.parents for n in needed))
 
@@ -155,7 +162,7 @@ def start_worker(workdir: Path, limits: Limits, log: Path, hide: tuple[Path, ...
     ``hide`` (folders or files) are replaced by empty ones inside the sandbox.
     """
     workdir = Path(workdir).resolve()
-    python = [sys.executable, "-m", "companion.grading.worker"]
+    python = [sys.executable, "-m", "companion_grader.worker"]
     if _bwrap_works():
         tmpfs = 4 * limits.file_bytes if _bwrap_probe()["size"] else None
         cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_args(workdir, tmpfs, hide), "--", *python]
@@ -164,7 +171,7 @@ def start_worker(workdir: Path, limits: Limits, log: Path, hide: tuple[Path, ...
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "VIRTUAL_ENV")}
     env.update(HOME=str(workdir), TMPDIR=str(workdir), MPLCONFIGDIR=str(workdir / ".matplotlib"),
                MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+               PYTHONPATH=os.pathsep.join([str(COURSE_ROOT), str(GRADER_ROOT),
                                            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
     kwargs = {}
     if os.name == "posix":

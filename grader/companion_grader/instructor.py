@@ -1,6 +1,6 @@
 """Grade a folder of submitted exercise notebooks with one command.
 
-    python -m companion.grading grade submissions/ [--csv scores.csv] [--json scores.json]
+    python -m companion_grader grade submissions/ [--csv scores.csv] [--json scores.json]
 
 The grader does not trust the submissions. For each notebook:
 
@@ -43,8 +43,13 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from .remote import Channel, WorkerDied, load_plain, read_frame, write_frame
-from .sandbox import Limits, hidden_paths, kill_worker, sandbox_status, start_worker
+import torch
+
+from companion.grading.core import CaseResult, ExerciseResult, StudentProcessDied, chapter_exercises, run_case
+
+from .authoring import cell_source
+from .remote import Channel, load_plain, read_frame, write_frame
+from .sandbox import COURSE_ROOT, GRADER_ROOT, Limits, hidden_paths, kill_worker, sandbox_status, start_worker
 
 __all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table", "find_flags"]
 
@@ -73,11 +78,6 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     return nb, ""
 
 
-def _source(cell: dict[str, Any]) -> str:
-    src = cell.get("source", "")
-    return "".join(str(s) for s in src) if isinstance(src, list) else str(src)
-
-
 def _tags(cell: dict[str, Any]) -> set[str]:
     meta = cell.get("metadata")
     tags = meta.get("tags", []) if isinstance(meta, dict) else []
@@ -90,8 +90,6 @@ def _chapter(nb: dict[str, Any]) -> tuple[int | None, str]:
     chapter = companion.get("chapter") if isinstance(companion, dict) else None
     if not isinstance(chapter, int) or isinstance(chapter, bool):
         return None, "no metadata companion.chapter: not one of the course's exercise notebooks"
-    from .core import chapter_exercises
-
     try:
         if not chapter_exercises(chapter):
             raise ValueError
@@ -158,7 +156,7 @@ def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dic
         if cell.get("cell_type") != "code":
             continue
         try:
-            tree = ast.parse(_source(cell))
+            tree = ast.parse(cell_source(cell))
         except SyntaxError:
             continue  # IPython syntax or a typo: the worker reports the cell's error
         defined = _defined_names(tree)
@@ -234,7 +232,7 @@ class _Session:
                         self.errors = [str(e)[:300] for e in reply["value"].get("errors", [])][:50]
                         self.cell_imports |= self.channel.imports
                         return
-                    raise WorkerDied("unexpected reply while running the cells")
+                    raise StudentProcessDied("unexpected reply while running the cells")
             except TimeoutError:
                 self.stop()
                 if time.monotonic() > self.deadline or current is None:
@@ -273,10 +271,6 @@ def _why_missing(session: _Session, missing: list[str]) -> str:
 
 def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict[str, Any]], str, str]:
     """Every case of every exercise; returns (reports, status, reason)."""
-    import torch
-
-    from .core import CaseResult, ExerciseResult, run_case
-
     reports: list[dict[str, Any]] = []
     status, reason = "graded", ""
     for ex in exercises:
@@ -335,8 +329,6 @@ def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path |
 
     ``hide``: paths the worker must not read (default: the notebook's folder and the course's solutions).
     """
-    from .core import chapter_exercises
-
     path, limits = Path(path), limits or Limits()
     start = time.monotonic()
     nb, why = _read(path)
@@ -347,7 +339,7 @@ def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path |
         return {**_row(path, "not an exercise", why), "seconds": round(time.monotonic() - start, 1)}
     exercises = chapter_exercises(chapter)
     notebook_flags, exercise_flags = find_flags(nb, exercises)
-    cells = [(i, _source(c)) for i, c in enumerate(nb["cells"]) if c.get("cell_type") == "code"]
+    cells = [(i, cell_source(c)) for i, c in enumerate(nb["cells"]) if c.get("cell_type") == "code"]
     own_root = workroot is None
     root = Path(tempfile.mkdtemp(prefix="companion-grade-")) if own_root else Path(workroot)
     workdir = Path(tempfile.mkdtemp(prefix="submission-", dir=root))
@@ -449,11 +441,12 @@ def grade_folder(
         raise ValueError(f"no .ipynb files in {folder}")
     sandbox = sandbox_status()
     sandboxed = sandbox.startswith("bubblewrap")
-    package = Path(__file__).resolve().parents[1]
     skip = (csv_path, json_path)
     hide = hidden_paths(folder, skip)
     _not_traceable()
-    watched = {"the companion package": (package, _digest(package)), "the submissions": (folder, _digest(folder, skip))}
+    watched = {"the companion package": COURSE_ROOT / "companion", "the grader": GRADER_ROOT / "companion_grader",
+               "the submissions": folder}
+    watched = {what: (where, _digest(where, skip)) for what, where in watched.items()}
     if progress:
         print(f"grading {len(paths)} notebooks, at most {limits.notebook_seconds:g} s each; sandbox: {sandbox}",
               file=progress, flush=True)

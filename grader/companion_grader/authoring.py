@@ -25,7 +25,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["strip_solutions", "make_exercise_notebook", "write_notebook", "notebook_text", "sync_exercises"]
+from companion.grading.core import chapter_exercises, get_exercise
+
+__all__ = ["cell_source", "strip_solutions", "make_exercise_notebook", "check_statements", "write_notebook",
+           "notebook_text", "sync_exercises"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -38,9 +41,13 @@ CHECK_CALL = re.compile(r"""check\(\s*["'](\d+\.\d+)["']""")
 NBGRADER_SCHEMA = 3
 
 
-def _source(cell: dict[str, Any]) -> str:
+def cell_source(cell: dict[str, Any]) -> str:
+    """A cell's source as one string (a notebook file may store it as a list of lines).
+
+    Also reads the cells of a submitted notebook, which may hold anything: never raises on odd values.
+    """
     src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
+    return "".join(str(s) for s in src) if isinstance(src, list) else str(src)
 
 
 def strip_solutions(code: str, where: str = "cell") -> str:
@@ -77,7 +84,7 @@ def make_exercise_notebook(solution: dict[str, Any], source_name: str = "solutio
         cell.get("metadata", {}).pop("execution", None)  # nbclient's timestamps: not part of the exercise
         if cell["cell_type"] != "code":
             continue
-        src = _source(cell)
+        src = cell_source(cell)
         n_regions += src.count(BEGIN)
         cell["source"] = strip_solutions(src, where=f"{source_name}, cell {i}")
         cell["outputs"] = []
@@ -95,10 +102,8 @@ def _add_nbgrader_metadata(nb: dict[str, Any], source_name: str) -> None:
     Lets a course that uses nbgrader take the exercise notebooks as they are
     (its ``enforce_metadata``): the points of a check cell are the registry's.
     """
-    from .core import get_exercise
-
     for i, cell in enumerate(nb["cells"]):
-        src = _source(cell)
+        src = cell_source(cell)
         tags = set(cell.get("metadata", {}).get("tags", []))
         meta = {"grade": False, "grade_id": f"cell-{i}", "locked": True, "schema_version": NBGRADER_SCHEMA,
                 "solution": False, "task": False}
@@ -115,15 +120,13 @@ def _add_nbgrader_metadata(nb: dict[str, Any], source_name: str) -> None:
 
 def check_statements(solution: dict[str, Any], source_name: str = "solution") -> None:
     """Every exercise of the chapter has a statement whose "(N points)" equals the registry's total."""
-    from .core import chapter_exercises
-
     chapter = solution.get("metadata", {}).get("companion", {}).get("chapter")
     if not isinstance(chapter, int):
         raise ValueError(f"{source_name} has no metadata companion.chapter")
     stated: dict[str, int] = {}
     for cell in solution["cells"]:
         if cell["cell_type"] == "markdown":
-            for ex_id, points in STATEMENT.findall(_source(cell)):
+            for ex_id, points in STATEMENT.findall(cell_source(cell)):
                 stated[ex_id] = int(points)
     problems = []
     for ex in chapter_exercises(chapter):
@@ -141,7 +144,7 @@ def notebook_text(nb: dict[str, Any]) -> str:
     """Serialise like Jupyter does (nbformat: indent 1, sorted keys), sources as line lists."""
     nb = copy.deepcopy(nb)
     for cell in nb["cells"]:
-        src = _source(cell)
+        src = cell_source(cell)
         cell["source"] = src.splitlines(keepends=True)
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
