@@ -18,7 +18,8 @@ each is in brackets):
 * :mod:`companion.toy_tasks`, :mod:`companion.data`: toy seq2seq tasks, the offline text corpus
 * :mod:`companion.training`: the one training loop and the one ``lm_loss`` every chapter uses
 * :mod:`companion.viz`, :mod:`companion.notebook`: plots, widgets, seeding, ``glue``
-* :mod:`companion.grading`: checks for the graded exercises, and the instructor's grader
+* :mod:`companion.grading`: checks for the graded exercises (the instructor's grader is
+  the separate ``companion_grader``, in ``grader/`` of the repository)
 """
 
 __version__ = "0.1.0"
