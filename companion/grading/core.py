@@ -11,9 +11,10 @@ Design rules (they are tested):
 The instructor's grader (the separate ``companion_grader`` distribution, in
 ``grader/`` of the repository) runs these same cases in its own process
 against the student's objects living in another one. This module names what
-that needs and nothing more: :class:`StudentProxy` (the base of its proxies),
-:class:`StudentError` and :class:`StudentProcessDied` (what a call through a
-proxy may raise), and :data:`WORKER_ENV`. It never imports the grader.
+that needs: :class:`StudentProxy` (the base of its proxies, which
+:func:`run_student` hands its function to), :class:`StudentError` and
+:class:`StudentProcessDied` (what a call through a proxy may raise),
+:func:`describe_exception` and :data:`WORKER_ENV`. It never imports the grader.
 """
 
 from __future__ import annotations
