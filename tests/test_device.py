@@ -164,3 +164,12 @@ def test_train_on_the_device_moves_model_and_batches(device, mixed_precision):
     assert next(model.parameters()).device.type == device.type
     assert all(map(torch.isfinite, map(torch.tensor, hist.train_loss)))
     assert hist.final_eval < before - 0.3, (before, hist.final_eval)
+
+
+def test_the_grader_compares_a_result_left_on_the_device(device):
+    from companion.grading.core import CheckFailed, expect_tensor
+
+    want = torch.arange(6.0).view(2, 3)
+    expect_tensor(want.to(device), want)
+    with pytest.raises(CheckFailed, match=r"largest error at index \(1, 2\): expected 5, got 7"):
+        expect_tensor(torch.tensor([[0.0, 1, 2], [3, 4, 7]]).to(device), want)
