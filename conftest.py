@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # Portability: the committed outputs are made with the machine's native
 # instruction set (`tools/notebooks.py execute` removes these variables), and
 # the suite runs everything, notebook kernels included (they inherit this
@@ -51,3 +53,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Submitted notebooks kept as grader fixtures (some loop forever on purpose) are
 # graded by tests/test_grading_hostile.py, never collected by nbval.
 collect_ignore_glob = ["tests/fixtures/*"]
+
+
+# The device the device-aware tests run on: `pytest --device cuda`, or COMPANION_TEST_DEVICE=cuda, else the CPU.
+# The same suite then checks a GPU machine (tools/gpu_run.sh); tests without the `device` fixture stay on the CPU.
+def pytest_addoption(parser):
+    parser.addoption("--device", default=None,
+                     help="device for tests that take the `device` fixture (default: $COMPANION_TEST_DEVICE or cpu)")
+
+
+def _test_device_name(config) -> str:
+    return config.getoption("--device", default=None) or os.environ.get("COMPANION_TEST_DEVICE", "").strip() or "cpu"
+
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    """The torch.device to test on; a device this machine lacks is a usage error, never a silent CPU run."""
+    from companion.device import pick_device
+
+    try:
+        return pick_device(_test_device_name(request.config))
+    except (RuntimeError, ValueError) as error:
+        raise pytest.UsageError(f"--device / COMPANION_TEST_DEVICE: {error}") from None

@@ -4,7 +4,9 @@ Rules: warm up before timing, time with ``time.perf_counter``, report the
 median of several repeats, and compare two implementations in the same run
 with the same number of threads (set once by ``run.py``), so that their
 *ratio* is meaningful even when the machine is shared and absolute numbers
-move.
+move. On a GPU (``--device cuda``) the clock is read only after
+``torch.cuda.synchronize()``: kernels run asynchronously, and without it a
+timer measures how fast Python queues them.
 """
 
 from __future__ import annotations
@@ -21,12 +23,33 @@ class Settings:
     repeats: int  # timed repeats; the median is reported
     warmup: int  # untimed calls before timing
     clock: str = "wall"  # "wall": time.perf_counter; "cpu": time.process_time (CPU time of this process)
+    device: str = "cpu"  # where models and data live: "cpu", "cuda", "cuda:1", "mps"
+    compile: bool = False  # also time torch.compile'd models where a benchmark offers it
+
+
+def on_device(settings: Settings, *items):
+    """``items`` (modules or tensors) moved to ``settings.device``; one item is returned as itself."""
+    moved = tuple(x.to(settings.device) for x in items)
+    return moved[0] if len(moved) == 1 else moved
+
+
+def _sync(settings: Settings) -> None:
+    if settings.device != "cpu":
+        from companion.device import synchronize
+
+        synchronize(settings.device)
 
 
 def _clock(settings: Settings) -> Callable[[], float]:
     # CPU time ignores the time other programs hold the cores: on a shared machine it measures the
-    # work done; with one thread it equals the wall time of an idle machine.
-    return time.process_time if settings.clock == "cpu" else time.perf_counter
+    # work done; with one thread it equals the wall time of an idle machine. On a GPU the host's CPU time
+    # says nothing about the kernels: wall time, read after synchronising.
+    read = time.process_time if settings.clock == "cpu" and settings.device == "cpu" else time.perf_counter
+
+    def clock() -> float:
+        _sync(settings)
+        return read()
+    return clock
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,7 @@ def median_seconds(fn: Callable[[], object], settings: Settings) -> float:
     clock = _clock(settings)
     for _ in range(settings.warmup):
         fn()
+    _sync(settings)
     times = []
     for _ in range(settings.repeats):
         start = clock()
@@ -64,6 +88,7 @@ def paired_median_seconds(fa: Callable[[], object], fb: Callable[[], object], se
     for _ in range(settings.warmup):
         fa()
         fb()
+    _sync(settings)
     clock = _clock(settings)
     ta, tb = [], []
     for _ in range(settings.repeats):

@@ -26,11 +26,18 @@ from benchmarks.common import Settings, format_table  # noqa: E402
 MODULES = ["benchmarks.wordpiece", "benchmarks.gpt", "benchmarks.bert", "benchmarks.attention", "benchmarks.minimal_gpt",
            "benchmarks.t5", "benchmarks.families",
            "benchmarks.precision"]
+# A module that places its models and data on Settings.device says so with DEVICES = ("cpu", "cuda", ...);
+# on another device the others are skipped (they measure the CPU: tokenizers, tensor-memory accounting).
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about a minute)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default), cuda, cuda:N or mps: where models and data live; on a GPU the clocks "
+                             "are read after synchronising, and --threads and --clock cpu do not apply")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile'd models where a benchmark offers it (gpt.training)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for every benchmark, both sides alike (default 1: small models on a "
                              "shared machine time far more stably, and OpenMP spin-waits do not swamp them)")
@@ -41,19 +48,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
 
-    benchmarks = {}
+    from companion.device import pick_device
+
+    device = pick_device(args.device)  # refuses a device this machine lacks
+    benchmarks, skipped = {}, []
     for module in MODULES:
-        for name, fn in importlib.import_module(module).BENCHMARKS.items():
-            benchmarks[f"{module.split('.')[-1]}.{name}"] = fn
+        mod = importlib.import_module(module)
+        for name, fn in mod.BENCHMARKS.items():
+            full = f"{module.split('.')[-1]}.{name}"
+            if device.type in getattr(mod, "DEVICES", ("cpu",)):
+                benchmarks[full] = fn
+            else:
+                skipped.append(full)
     if args.list:
         print("\n".join(benchmarks))
         return 0
-    torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 5)
-    settings = Settings(quick=args.quick, repeats=repeats, warmup=1, clock=args.clock)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}, {args.clock} clock, median of {repeats} repeats"
-          f"{', quick sizes' if args.quick else ''}", flush=True)
+    settings = Settings(quick=args.quick, repeats=repeats, warmup=2 if args.compile else 1,
+                        clock=args.clock if device.type == "cpu" else "wall", device=str(device), compile=args.compile)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+        where = f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}"
+    else:
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    print(f"torch {torch.__version__}, {where}, {settings.clock} clock, median of {repeats} repeats"
+          f"{', quick sizes' if args.quick else ''}{', with torch.compile' if args.compile else ''}", flush=True)
+    if skipped:
+        print(f"  not run on {device}: {', '.join(skipped)}", file=sys.stderr, flush=True)
 
     rows, start = [], time.perf_counter()
     for name, fn in benchmarks.items():

@@ -275,7 +275,7 @@ def generate(
         idx = torch.cat([idx, next_token[:, None]], dim=1)  # (B, T + n)
         if attention_mask is not None:
             attention_mask = F.pad(attention_mask, (0, 1), value=1)  # (B, T + n): the new token is real
-        if not bool(unfinished.any()):
+        if eos_token_id is not None and not bool(unfinished.any()):  # (reading a GPU value waits for the GPU)
             break
         step_input = next_token[:, None] if use_cache else idx  # (B, 1) with a cache, (B, T + n) without
     return idx
@@ -381,9 +381,11 @@ def beam_search(
     max_len = prompt_len + max_new_tokens
     n_candidates = 2 * k
 
+    device = idx.device  # every tensor made here lives where the prompts and the model's outputs are
+    dead = torch.finfo(torch.float32).min  # the score of a beam that must never be chosen (scores are fp32)
     running = idx.repeat_interleave(k, dim=0)  # (B*K, T): K copies of each prompt
     mask = None if attention_mask is None else attention_mask.repeat_interleave(k, dim=0)  # (B*K, T)
-    running_scores = torch.full((batch, k), -1e9)
+    running_scores = torch.full((batch, k), dead, device=device)
     running_scores[:, 0] = 0.0  # only beam 0 is live at the start, so the first step has no duplicates
     finished: list[list[tuple[float, torch.Tensor]]] = [[] for _ in range(batch)]  # (score, tokens), best first
     done = [False] * batch
@@ -394,8 +396,8 @@ def beam_search(
         log_probs = F.log_softmax(logits.float(), dim=-1).view(batch, k, -1)  # (B, K, V)
         at_limit = cur_len + 1 >= max_len
         gen_len = cur_len + 1 - prompt_len
-        next_rows = torch.empty(batch * k, dtype=torch.long)  # which row each new beam continues
-        next_tokens = torch.empty(batch * k, dtype=torch.long)
+        next_rows = torch.empty(batch * k, dtype=torch.long, device=device)  # which row each new beam continues
+        next_tokens = torch.empty(batch * k, dtype=torch.long, device=device)
         for b in range(batch):
             scores, beam, token = beam_search_step(log_probs[b], running_scores[b], n_candidates)
             ends = torch.full_like(token, at_limit, dtype=torch.bool)
@@ -406,12 +408,13 @@ def beam_search(
             if not done[b] and not (full and early_stopping is True):
                 for i in range(k):
                     if ends[i]:
-                        tokens = torch.cat([running[b * k + beam[i], :cur_len], token[i : i + 1]])
+                        row = running[b * k + beam[i : i + 1], :cur_len][0]  # (cur_len,), indexed on the device
+                        tokens = torch.cat([row, token[i : i + 1]])
                         finished[b].append((float(scores[i]) / gen_len**length_penalty, tokens))
                 finished[b] = sorted(finished[b], key=lambda h: -h[0])[:k]
             # 3. the best K candidates that did not end continue
-            alive = torch.topk(scores + ends.float() * -1e9, k).indices
-            running_scores[b] = scores[alive] + ends[alive].float() * -1e9
+            alive = torch.topk(scores.masked_fill(ends, dead), k).indices
+            running_scores[b] = scores[alive].masked_fill(ends[alive], dead)
             next_rows[b * k : (b + 1) * k] = b * k + beam[alive]
             next_tokens[b * k : (b + 1) * k] = token[alive]
             # 4. can this prompt still improve?
@@ -434,9 +437,9 @@ def beam_search(
 
     pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else -1)
     best = [h for hyps in finished for h in hyps[:r]]
-    lengths = torch.tensor([len(t) - prompt_len for _, t in best])
-    sequences = torch.full((len(best), prompt_len + int(lengths.max())), pad, dtype=torch.long)
+    lengths = torch.tensor([len(t) - prompt_len for _, t in best], device=device)
+    sequences = torch.full((len(best), max(len(t) for _, t in best)), pad, dtype=torch.long, device=device)
     for i, (_, t) in enumerate(best):
         sequences[i, : len(t)] = t
-    scores = torch.tensor([s for s, _ in best])
+    scores = torch.tensor([s for s, _ in best], device=device)
     return BeamSearchOutput(sequences=sequences, scores=scores, lengths=lengths)

@@ -246,7 +246,7 @@ def rope_cos_sin(
     ShapeChecker().check("positions", positions, ("T",))
     if layout not in ("half", "interleaved"):
         raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
-    angles = positions.to(torch.float64)[:, None] * rope_frequencies(d_head, base=base)  # (T, Dh/2)
+    angles = positions.to(torch.float64)[:, None] * rope_frequencies(d_head, base=base).to(positions.device)  # (T, Dh/2)
     angles = torch.cat((angles, angles), dim=-1) if layout == "half" else angles.repeat_interleave(2, dim=-1)  # (T, Dh)
     return angles.cos().float(), angles.sin().float()
 

@@ -18,6 +18,14 @@ averaged over ranks, evaluates and shows progress on rank 0 only. With
 ``resume=True`` continues from the latest one: when ``get_batch(step)``
 depends on ``step`` only (no hidden generator state) and the model draws no
 random numbers (dropout 0), the resumed run equals an uninterrupted one.
+
+On a GPU pass ``device`` (:func:`companion.device.pick_device`): the model
+and every batch ``get_batch`` returns are moved there; ``eval_fn`` receives
+the model on that device and moves its own data. ``mixed_precision=True``
+runs the forward pass and the loss under autocast in the dtype the device
+supports (:func:`companion.device.mixed_precision`: bf16, or fp16 with a
+``GradScaler`` on GPUs without bf16). Without them the loop does exactly
+what it did on the CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ._checks import check_positive_int
+from .device import mixed_precision as _mixed_precision
+from .device import to_device
 
 __all__ = ["TrainConfig", "History", "lr_at", "train", "lm_loss", "latest_checkpoint"]
 
@@ -165,6 +175,8 @@ def train(
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int | None = None,
     resume: bool = False,
+    device: str | torch.device | None = None,
+    mixed_precision: bool = False,
 ) -> History:
     """Train ``model`` for ``cfg.steps`` steps and return its :class:`History`.
 
@@ -178,6 +190,8 @@ def train(
     on rank 0 and its result is sent to every rank (see the module docstring).
     ``checkpoint_dir``, ``checkpoint_every`` (steps) and ``resume`` save and
     resume with ``torch.distributed.checkpoint``; the last step is always saved.
+    ``device`` moves the model and each batch there; ``mixed_precision`` autocasts
+    the forward pass and the loss as the device supports (see the module docstring).
     """
     from tqdm.auto import tqdm
 
@@ -191,6 +205,16 @@ def train(
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     if ckpt_dir is not None and rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if device is not None:
+        device = torch.device(device)
+        model.to(device)
+    if mixed_precision:
+        if device is None:
+            device = next(model.parameters()).device
+        precision = _mixed_precision(device)
+    else:
+        precision = _mixed_precision("cpu")  # fp32: no autocast, no loss scale
+    scaler = precision.grad_scaler()
 
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -214,7 +238,8 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         model.train()
-        loss = loss_fn(net, get_batch(step))
+        with precision.autocast():
+            loss = loss_fn(net, to_device(get_batch(step), device))
         logged = loss.detach().clone()
         if world > 1:
             dist.all_reduce(logged)  # the mean over ranks is the loss of the whole batch
@@ -222,16 +247,24 @@ def train(
         if not torch.isfinite(logged):
             raise FloatingPointError(f"loss became {logged.item()} at step {step}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if precision.loss_scale:  # fp16: scale the loss, unscale the gradients before clipping, skip overflowed steps
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
         max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        opt.step()
+        if precision.loss_scale:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         hist.steps.append(step)
         hist.train_loss.append(logged.item())
         hist.grad_norm.append(float(norm))
         if eval_fn is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             model.eval()
-            value = torch.zeros((), dtype=torch.float64)
+            value = torch.zeros((), dtype=torch.float64, device=device if world > 1 else None)  # NCCL: a GPU tensor
             if rank == 0:
                 with torch.no_grad():
                     value.fill_(float(eval_fn(model)))

@@ -387,7 +387,8 @@ def expect_tensor(
         raise CheckFailed(f"{name} should have shape {tuple(want.shape)}, got {tuple(got.shape)}")
     if check_dtype and got.dtype != want.dtype:
         raise CheckFailed(f"{name} should have dtype {want.dtype}, got {got.dtype}")
-    got_d, want_d = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    # Compared on the CPU: a student's code may have put its result on a GPU (the cases themselves run on the CPU).
+    got_d, want_d = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
     bad_got = ~torch.isfinite(got_d) & torch.isfinite(want_d)
     if got_d.numel() and torch.isnan(got_d).all() and not torch.isnan(want_d).all():
         raise CheckFailed(f"{name} is NaN everywhere ({got_d.numel()} values): look for a division by zero "
