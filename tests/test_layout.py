@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from companion.attention import MultiHeadAttention
-from companion.blocks import Block
+from companion.attention import CrossAttention, MultiHeadAttention
+from companion.blocks import Block, DecoderBlock
 
 PACKAGE = Path(__file__).resolve().parents[1] / "companion"
 
@@ -24,7 +24,7 @@ def test_only_the_attention_module_calls_the_attention_kernel_or_defines_lm_loss
     losses = [name for name, src in _sources().items() if re.search(r"^def lm_loss\(", src, re.M)]
     assert losses == ["training.py"]
     blocks = [name for name, src in _sources().items() if re.search(r"^class \w+\((nn\.Module|Block)\)", src, re.M)
-              and re.search(r"def _residual\(", src)]
+              and re.search(r"def sublayer\(", src)]
     assert blocks == ["blocks.py"]  # one residual wiring
 
 
@@ -46,11 +46,11 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
     ]
     for model in models:
         blocks = [m for m in model.modules() if isinstance(m, Block)]
-        attns = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-        assert blocks and len(attns) == sum(1 + b.cross for b in blocks), type(model).__name__
+        attns = [m for m in model.modules() if isinstance(m, (MultiHeadAttention, CrossAttention))]
+        assert blocks and len(attns) == sum(1 + isinstance(b, DecoderBlock) for b in blocks), type(model).__name__
         # and nothing else in the model holds attention projections of its own
         others = [n for n, m in model.named_modules() if re.search(r"(attn|attention)$", n)
-                  and not isinstance(m, MultiHeadAttention)]
+                  and not isinstance(m, (MultiHeadAttention, CrossAttention))]
         assert not others, (type(model).__name__, others)
     assert torch.is_tensor(models[0](torch.zeros(1, 3, dtype=torch.long)))
 

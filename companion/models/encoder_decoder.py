@@ -43,11 +43,11 @@ import torch
 from torch import nn
 
 from .._checks import ShapeChecker, check_positive_int, check_probability
-from ..attention import MultiHeadAttention
-from ..blocks import Block, FeedForward, GatedFeedForward, _check_activation, make_norm
+from ..attention import CrossAttention, MultiHeadAttention
+from ..blocks import Block, DecoderBlock, FeedForward, GatedFeedForward, _check_activation, make_norm
 from ..generation import BeamSearchOutput, beam_search, generate
 from ..kv_cache import EncoderDecoderCache
-from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
+from ..masks import cross_attention_mask, padding_mask
 from ..positional import RelativePositionBias
 from .transformer import Seq2SeqModel
 
@@ -123,19 +123,22 @@ class EncoderDecoderConfig:
         return replace(self, **changes)
 
 
-def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block:
-    def attention(is_cross: bool) -> MultiHeadAttention:
-        return MultiHeadAttention(cfg.d_model, cfg.n_heads, d_head=cfg.head_size, bias=cfg.bias, dropout=cfg.dropout,
-                                  scale=None if cfg.scale_attention else 1.0, cross=is_cross, layer_idx=i)
+def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block | DecoderBlock:
+    attn_kw = dict(d_head=cfg.head_size, bias=cfg.bias, dropout=cfg.dropout, layer_idx=i,
+                   scale=None if cfg.scale_attention else 1.0)
 
     def norm() -> nn.Module:
         return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias if cfg.norm == "layernorm" else None)
 
+    # Creation order (FFN, self-attention, cross-attention) fixes a seeded model's initial weights.
     ffn_cls = GatedFeedForward if cfg.gated else FeedForward
     ffn = ffn_cls(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout, bias=cfg.bias)
-    return Block(attention(False), ffn, norm(), norm(),
-                 cross_attn=attention(True) if cross else None, norm_cross=norm() if cross else None,
-                 norm_first=cfg.norm_first, dropout=cfg.dropout)
+    self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, **attn_kw)
+    cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, **attn_kw) if cross else None
+    if cross:
+        return DecoderBlock(self_attn, cross_attn, ffn, norm(), norm(), norm(), norm_first=cfg.norm_first,
+                            dropout=cfg.dropout)
+    return Block(self_attn, ffn, norm(), norm(), norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 
 class EncoderDecoder(Seq2SeqModel):
@@ -187,9 +190,9 @@ class EncoderDecoder(Seq2SeqModel):
             return
         # T5 (Mesh TensorFlow): N(0, fan_in**-0.5); W_Q also absorbs the 1/sqrt(Dh) of the scores.
         # (apply() visits an attention layer after its Linear children, so this overrides their W_Q rows.)
-        if isinstance(module, MultiHeadAttention):
+        if isinstance(module, (MultiHeadAttention, CrossAttention)):
             dq = module.n_heads * module.d_head
-            w = module.q.weight if module.cross else module.qkv.weight[:dq]
+            w = module.q.weight if isinstance(module, CrossAttention) else module.qkv.weight[:dq]
             with torch.no_grad():
                 w.normal_(std=(module.d_model * module.d_head) ** -0.5)
         elif isinstance(module, nn.Linear):
@@ -253,18 +256,17 @@ class EncoderDecoder(Seq2SeqModel):
         sc = self._check_decoder_inputs(tgt_in, memory, src_attention_mask)
         start = 0 if cache is None else cache.length
         t = tgt_in.shape[1]
-        if tgt_attention_mask is None:
-            # One new query sees every cached key: no mask at all (the cached decoding step).
-            self_mask = None if t == 1 else causal_mask(t, start + t, device=tgt_in.device)  # (T, start + T), bottom-right
-        else:
+        # The causal rule (bottom-right when keys are cached) is the kernel's: is_causal below.
+        self_mask = None
+        if tgt_attention_mask is not None:
             sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
-            self_mask = combine_masks(causal_mask(t, start + t, device=tgt_in.device), padding_mask(tgt_attention_mask))
+            self_mask = padding_mask(tgt_attention_mask)  # (B, 1, 1, start + T)
         # No source padding in the batch: no cross-attention mask (one check here instead of one per layer).
         cross_mask = None if bool(src_attention_mask.all()) else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
         bias = self.decoder_bias(t, start + t) if self.cfg.positions == "relative" else None  # (1, H, T, start + T)
         x = self._embed(tgt_in, start, decoder=True)
         for block in self.decoder:
-            x = block(x, self_mask, context=memory, context_mask=cross_mask, bias=bias, cache=cache)  # (B, T, D)
+            x = block(x, memory, self_mask, cross_mask, is_causal=True, bias=bias, cache=cache)  # (B, T, D)
         if self.cfg.final_norm:
             x = self.drop(self.decoder_norm(x))
         return x

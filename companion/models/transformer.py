@@ -35,7 +35,7 @@ from torch import nn
 
 from .._checks import ShapeChecker, check_positive_int, check_probability
 from ..attention import MultiHeadAttention, record_attention
-from ..blocks import TransformerBlock
+from ..blocks import TransformerBlock, TransformerDecoderBlock
 from ..generation import generate
 from ..kv_cache import EncoderDecoderCache
 from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
@@ -202,12 +202,12 @@ class Transformer(Seq2SeqModel):
         self.register_buffer("pe", sinusoidal_encoding(cfg.max_positions, cfg.d_model), persistent=False)  # (P, D)
         self.drop = nn.Dropout(cfg.dropout)
 
-        def layer(cross: bool, i: int) -> TransformerBlock:
-            return TransformerBlock(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=False, cross=cross,
-                                    dropout=cfg.dropout, activation="relu", layer_idx=i)
+        def layer(cls: type, i: int) -> TransformerBlock | TransformerDecoderBlock:
+            return cls(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=False, dropout=cfg.dropout, activation="relu",
+                       layer_idx=i)
 
-        self.encoder = nn.ModuleList(layer(False, i) for i in range(cfg.n_encoder_layers))
-        self.decoder = nn.ModuleList(layer(True, i) for i in range(cfg.n_decoder_layers))
+        self.encoder = nn.ModuleList(layer(TransformerBlock, i) for i in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(layer(TransformerDecoderBlock, i) for i in range(cfg.n_decoder_layers))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
@@ -264,15 +264,15 @@ class Transformer(Seq2SeqModel):
         t = tgt_in.shape[1]
         if start + t > self.cfg.max_positions:
             raise ValueError(f"decoder positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}")
-        if tgt_attention_mask is None:
-            tgt_attention_mask = torch.ones(tgt_in.shape[0], start + t, dtype=torch.bool, device=tgt_in.device)
-        sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
-        # Causal (bottom-right when keys are cached) AND target padding.
-        self_mask = combine_masks(causal_mask(t, start + t, device=tgt_in.device), padding_mask(tgt_attention_mask))
+        # Target padding here; the causal rule (bottom-right when keys are cached) is the kernel's: is_causal below.
+        self_mask = None
+        if tgt_attention_mask is not None:
+            sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
+            self_mask = padding_mask(tgt_attention_mask)  # (B, 1, 1, start + T)
         cross_mask = cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
         x = self.embed_tokens(tgt_in, start)
         for block in self.decoder:
-            x = block(x, self_mask, context=memory, context_mask=cross_mask, cache=cache)  # (B, T, D)
+            x = block(x, memory, self_mask, cross_mask, is_causal=True, cache=cache)  # (B, T, D)
         return x
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -389,8 +389,8 @@ def _check_torch_layer(layer: nn.Module, kind: type) -> None:
 
 
 @torch.no_grad()
-def block_from_torch_decoder_layer(layer: nn.TransformerDecoderLayer) -> TransformerBlock:
-    """A post-LN decoder :class:`TransformerBlock` (``cross=True``) holding a ``torch.nn.TransformerDecoderLayer``'s weights.
+def block_from_torch_decoder_layer(layer: nn.TransformerDecoderLayer) -> TransformerDecoderBlock:
+    """A post-LN :class:`~companion.blocks.TransformerDecoderBlock` holding a ``torch.nn.TransformerDecoderLayer``'s weights.
 
     torch's ``norm1, norm2, norm3`` follow self-attention, cross-attention and
     the FFN; the companion names are ``norm1, norm_cross, norm2``.
