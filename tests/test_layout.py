@@ -89,9 +89,9 @@ def test_encoder_decoders_check_token_ids_alike():
         for dtype in (torch.float32, torch.bool, torch.int16, torch.uint8):  # nn.Embedding refuses them all
             with pytest.raises(TypeError, match=r"src must hold integer token ids \(int64 or int32\)"):
                 model(good.to(dtype), good)
-        with pytest.raises(ValueError, match=r"tgt_in ids must lie in \[0, 11\), got range \[1, 11\]"):
+        with pytest.raises(ValueError, match=r"tgt_in must lie in \[0, 11\), got range \[1, 11\]"):
             model(good, torch.tensor([[1, 11]]))
-        with pytest.raises(ValueError, match=r"src ids must lie in \[0, 11\), got range \[-1, 2\]"):
+        with pytest.raises(ValueError, match=r"src must lie in \[0, 11\), got range \[-1, 2\]"):
             model(torch.tensor([[-1, 2]]), good)
 
 

@@ -201,7 +201,7 @@ def test_bad_inputs_raise_clear_errors():
         EncoderDecoder({"vocab_size": 50})
     with pytest.raises(TypeError, match="integer token ids"):
         model(ids.float(), ids)
-    with pytest.raises(ValueError, match=r"ids must lie in \[0, 50\)"):
+    with pytest.raises(ValueError, match=r"src must lie in \[0, 50\)"):
         model(ids + 50, ids)
     with pytest.raises(ValueError, match="src_attention_mask"):
         model.encode(ids, torch.ones(2, 4))

@@ -230,7 +230,7 @@ def test_config_and_input_checks():
     with pytest.raises(ValueError, match="pad_id"):
         TransformerConfig(vocab_size=10, pad_id=10)
     model = _small_model()
-    with pytest.raises(ValueError, match="ids must lie"):
+    with pytest.raises(ValueError, match=r"src must lie in \[0, 17\)"):
         model(torch.tensor([[1, 17]]), torch.tensor([[1]]))
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 33, dtype=torch.long), torch.tensor([[1]]))

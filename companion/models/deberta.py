@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_positive_int, check_probability, check_token_ids
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..masks import padding_mask
-from ._hf import copy_by_name_map, hf_source
-from .bert import _ACTIVATIONS, _check_ids, _fuse_qkv, _init_weights
+from ._hf import activation_from_hf, copy_by_name_map, hf_source
+from .bert import _fuse_qkv, _init_weights
 
 __all__ = ["DebertaConfig", "log_bucket_position", "relative_buckets", "DisentangledBias", "DebertaModel",
            "from_hf_deberta_v2"]
@@ -170,7 +170,7 @@ class DebertaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-        _check_ids("input_ids", input_ids, self.cfg.vocab_size)
+        check_token_ids("input_ids", input_ids, self.cfg.vocab_size)
         t = input_ids.shape[1]
         if t > self.cfg.max_positions:
             raise ValueError(f"input has {t} tokens, more than max_positions={self.cfg.max_positions}")
@@ -218,9 +218,7 @@ def _config_from_hf(hf_config) -> DebertaConfig:
         raise ValueError("only bucketed relative positions (position_buckets > 0) are supported")
     if max_rel != hf_config.max_position_embeddings:
         raise ValueError("max_relative_positions must equal max_position_embeddings (or be -1)")
-    act = hf_config.hidden_act
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+    activation = activation_from_hf(hf_config.hidden_act, ("gelu", "gelu_tanh", "relu"))
     if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
         raise ValueError("the course's DeBERTa has one dropout probability; this config uses two different ones")
     norm_rel = [x.strip() for x in getattr(hf_config, "norm_rel_ebd", "none").lower().split("|")]
@@ -229,7 +227,7 @@ def _config_from_hf(hf_config) -> DebertaConfig:
         n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
         max_positions=hf_config.max_position_embeddings, position_buckets=buckets,
         absolute_positions=getattr(hf_config, "position_biased_input", True), n_segments=hf_config.type_vocab_size,
-        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=_ACTIVATIONS[act],
+        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=activation,
         pad_id=hf_config.pad_token_id or 0, norm_relative="layer_norm" in norm_rel,
     )
 

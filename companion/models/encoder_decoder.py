@@ -202,11 +202,6 @@ class EncoderDecoder(Seq2SeqModel):
             nn.init.normal_(module.relative_attention_bias.weight, std=self.cfg.d_model ** -0.5)
 
     # ------------------------------------------------------------------ pieces
-    def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        super()._check_ids(name, ids, sc, dims)
-        if ids.shape[1] == 0:
-            raise ValueError(f"{name} must hold at least one token, got length 0")
-
     def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
         cfg = self.cfg
         if start + ids.shape[1] > cfg.max_positions:

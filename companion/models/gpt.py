@@ -25,7 +25,7 @@ from ..blocks import Block, FeedForward, make_norm
 from ..kv_cache import KVCache
 from ..masks import causal_mask
 from ..training import lm_loss  # re-exported: the one loss of every language model
-from ._hf import copy_by_name_map, hf_source
+from ._hf import activation_from_hf, copy_by_name_map, hf_source
 
 __all__ = [
     "GPTConfig", "GPT", "GPTBlock",
@@ -268,15 +268,6 @@ def gpt_param_formula(cfg: GPTConfig) -> int:
 
 # --------------------------------------------------------------------------- Hugging Face loading
 
-_HF_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
-
-
-def _activation_from_hf(name: str) -> str:
-    if name not in _HF_ACT:
-        raise ValueError(f"unsupported Hugging Face activation {name!r}; expected one of {sorted(_HF_ACT)}")
-    return _HF_ACT[name]
-
-
 def config_from_hf(hf_config) -> GPTConfig:
     """``GPTConfig`` equivalent to a Hugging Face ``GPT2Config``."""
     if getattr(hf_config, "model_type", None) != "gpt2":
@@ -289,7 +280,7 @@ def config_from_hf(hf_config) -> GPTConfig:
         d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
         n_heads=getattr(hf_config, "n_head", 12), d_ff=getattr(hf_config, "n_inner", None),
         norm_first=True, final_norm=True,
-        activation=_activation_from_hf(getattr(hf_config, "activation_function", "gelu_new")),
+        activation=activation_from_hf(getattr(hf_config, "activation_function", "gelu_new"), _ACTIVATIONS),
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
         norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
@@ -333,22 +324,18 @@ def from_hf_gpt2(source) -> GPT:
     return _load(model, sd, names)
 
 
-# modeling_openai has its own table: ACT_FNS = {"relu": ReLU, "gelu": gelu_new (tanh!), "silu"/"swish": SiLU}.
-_HF_OPENAI_ACT = {"gelu": "gelu_tanh", "relu": "relu"}
-
-
 def config_from_hf_openai(hf_config) -> GPTConfig:
     """``GPTConfig`` equivalent to a Hugging Face ``OpenAIGPTConfig`` (GPT-1: post-LN, no final norm)."""
     if getattr(hf_config, "model_type", None) != "openai-gpt":
         raise TypeError(f"expected an OpenAIGPTConfig, got model_type={getattr(hf_config, 'model_type', None)!r}")
+    # modeling_openai's own table: its "gelu" is GELU's tanh approximation (HF's "gelu_new"), not the erf GELU.
     afn = getattr(hf_config, "afn", "gelu")
-    if afn not in _HF_OPENAI_ACT:
-        raise ValueError(f"unsupported openai-gpt activation {afn!r}; expected one of {sorted(_HF_OPENAI_ACT)}")
+    activation = activation_from_hf("gelu_new" if afn == "gelu" else afn, ("gelu_tanh", "relu"))
     return GPTConfig(
         vocab_size=getattr(hf_config, "vocab_size", 40478), max_positions=getattr(hf_config, "n_positions", 512),
         d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
         n_heads=getattr(hf_config, "n_head", 12), norm_first=False, final_norm=False,
-        activation=_HF_OPENAI_ACT[afn], tie_embeddings=True,
+        activation=activation, tie_embeddings=True,
         norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
 

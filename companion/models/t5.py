@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._hf import LoadReport, copy_by_name_map, hf_source
+from ._hf import LoadReport, copy_by_name_map, fuse_rows, hf_source
 from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig, parameter_count
 
 __all__ = ["t5_config", "T5_SMALL", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
@@ -167,18 +167,9 @@ def hf_t5_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
     return m
 
 
-def _fused(sd: dict[str, torch.Tensor], cfg: EncoderDecoderConfig) -> dict[str, torch.Tensor]:
-    """``sd`` plus the fused projections: ``qkv`` = rows of q, k, v; ``kv`` = rows of k, v."""
-    out = dict(sd)
-    for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n):
-            p = f"{stack}.block.{i}.layer.0.SelfAttention"
-            if f"{p}.q.weight" in sd:
-                out[f"{p}.qkv.weight"] = torch.cat([sd[f"{p}.{x}.weight"] for x in "qkv"])
-            p = f"{stack}.block.{i}.layer.1.EncDecAttention"
-            if stack == "decoder" and f"{p}.k.weight" in sd:
-                out[f"{p}.kv.weight"] = torch.cat([sd[f"{p}.{x}.weight"] for x in "kv"])
-    return out
+def _fused(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with the fused projections: ``qkv`` = rows of q, k, v (self-attention); ``kv`` = rows of k, v (cross)."""
+    return fuse_rows(fuse_rows(sd, ("q", "k", "v"), "qkv", r"\.SelfAttention$"), ("k", "v"), "kv", r"\.EncDecAttention$")
 
 
 def _untied_head(sd: dict[str, torch.Tensor]) -> bool:
@@ -204,10 +195,10 @@ def from_hf_t5(source, *, return_report: bool = False) -> EncoderDecoder | tuple
     model = model.to_empty(device="cpu")
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed.weight
-    ignore = [r"^(encoder|decoder)\.embed_tokens\.weight$", r"\.SelfAttention\.[qkv]\.weight$", r"\.EncDecAttention\.[kv]\.weight$"]
+    ignore = [r"^(encoder|decoder)\.embed_tokens\.weight$"]
     if cfg.tie_embeddings:
         ignore.append(r"^lm_head\.weight$")
-    report = copy_by_name_map(model, _fused(sd, cfg), hf_t5_name_map(cfg), ignore=ignore)
+    report = copy_by_name_map(model, _fused(sd), hf_t5_name_map(cfg), ignore=ignore)
     model.eval()
     return (model, report) if return_report else model
 

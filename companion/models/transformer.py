@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import ShapeChecker, check_positive_int, check_probability
+from .._checks import ShapeChecker, check_positive_int, check_probability, check_token_ids
 from ..attention import MultiHeadAttention, record_attention
 from ..blocks import TransformerBlock
 from ..generation import generate
@@ -139,12 +139,8 @@ class Seq2SeqModel(nn.Module):
         return EncoderDecoderCache(self.cfg.n_decoder_layers)
 
     def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        """Token ids of shape ``dims``: int64 or int32 (what ``nn.Embedding`` takes), each in ``[0, vocab_size)``."""
-        sc.check(name, ids, dims)
-        if ids.dtype not in (torch.long, torch.int32):
-            raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
+        """Token ids of shape ``dims``: :func:`companion._checks.check_token_ids`, the rule of every model."""
+        check_token_ids(name, ids, self.cfg.vocab_size, dims, sc)
 
     def _check_decoder_inputs(self, tgt_in, memory, src_attention_mask) -> ShapeChecker:
         """Check what ``decode_hidden`` receives; the returned checker has B, T and S bound."""
