@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from companion.models.gpt import GPT, GPTConfig, count_parameters, evaluate_lm, lm_loss
+from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
+from companion.calculators import count_parameters
 from companion.moe import MoEFeedForward, drop_rate, expert_load, moe_aux_loss, moe_parameter_counts
 from companion.training import TrainConfig, lr_at
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from companion.models.bart import bart_config, from_hf_bart, load_pretrained_bart
-from companion.models.encoder_decoder import EncoderDecoder, config_differences, generate_seq2seq, parameter_count
+from companion.models.encoder_decoder import EncoderDecoder, config_differences, generate_seq2seq
+from companion.calculators import parameter_count
 from companion.models.t5 import t5_config
 
 transformers = pytest.importorskip("transformers")

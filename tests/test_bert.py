@@ -10,8 +10,9 @@ import torch
 from companion.models.bert import (
     BERT_BASE, BERT_LARGE, BertConfig, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTokenClassification, BertModel,
-    count_parameters, from_hf_bert, load_pretrained, mean_pool,
+    from_hf_bert, load_pretrained, mean_pool,
 )
+from companion.calculators import count_parameters
 
 transformers = pytest.importorskip("transformers")
 

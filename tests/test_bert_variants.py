@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from companion.models.albert import ALBERT_CONFIGS, from_hf_albert
-from companion.models.bert import BertConfig, BertForMaskedLM, BertModel, count_parameters, padding_position_ids
+from companion.models.bert import BertConfig, BertForMaskedLM, BertModel, padding_position_ids
+from companion.calculators import count_parameters
 from companion.models.electra import (ElectraDiscriminator, corrupt_with_generator, electra_loss, from_hf_electra,
                                       replaced_token_labels)
 from companion.models.roberta import ROBERTA_BASE, from_hf_roberta

@@ -11,8 +11,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPT
 from companion.kv_cache import KVCache
 from companion.models.gpt import (
     GPT, GPT1, GPT2_LARGE, GPT2_MEDIUM, GPT2_SMALL, GPT2_XL, GPT3_175B, GPTConfig,
-    count_parameters, from_hf_gpt2, from_hf_openai_gpt, gpt_param_formula,
+    from_hf_gpt2, from_hf_openai_gpt, gpt_param_formula,
 )
+from companion.calculators import count_parameters
 
 
 def _hf_gpt2(seed: int = 0, **kw) -> GPT2LMHeadModel:

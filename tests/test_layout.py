@@ -129,3 +129,18 @@ def test_configs_use_the_course_names_only():
         fields = {f.name for f in dataclasses.fields(config)}
         assert "max_positions" in fields
         assert not retired & (fields | set(vars(config))), config.__name__
+
+
+def test_package_docstrings_name_every_module():
+    """The maps in companion/__init__.py and models/__init__.py list what the packages hold, and nothing else."""
+    import companion
+    import companion.models
+
+    def listed(doc: str, prefix: str) -> set[str]:
+        return {m for m in re.findall(rf":mod:`{re.escape(prefix)}\.(\w+)`", doc) if not m.startswith("_")}
+
+    public = {p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("_")}
+    public |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert listed(companion.__doc__, "companion") == public
+    models = {p.stem for p in (PACKAGE / "models").glob("*.py") if not p.name.startswith("_")}
+    assert listed(companion.models.__doc__, "companion.models") == models

@@ -107,7 +107,8 @@ def test_bad_inputs():
 
 
 def test_moe_gpt_trains_and_reports_auxiliary_losses():
-    from companion.models.gpt import GPT, GPTConfig, count_parameters
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.calculators import count_parameters
     from companion.moe import moe_aux_loss
 
     torch.manual_seed(0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig, generate_seq2seq, parameter_count
+from companion.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig, generate_seq2seq
+from companion.calculators import parameter_count
 from companion.models.t5 import T5_SIZES, from_hf_t5, load_pretrained_t5, t5_config, t5_size_table
 
 transformers = pytest.importorskip("transformers")

@@ -43,7 +43,7 @@ __all__ = [
     "BertEmbeddings", "BertModel", "MLMHead", "BertForMaskedLM", "BertForPreTraining",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering", "SpanLogits",
     "BertOutput", "PreTrainingOutput", "mean_pool",
-    "config_from_hf", "from_hf_bert", "load_pretrained", "count_parameters", "padding_position_ids",
+    "config_from_hf", "from_hf_bert", "load_pretrained", "padding_position_ids",
 ]
 
 @dataclass(frozen=True)
@@ -341,11 +341,6 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
                          f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
     w = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     return (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)  # (B, D)
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (a tied matrix counts once); works on the meta device."""
-    return sum(p.numel() for p in model.parameters())
 
 
 # --- Hugging Face weights -------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_ma
 from ..positional import RelativePositionBias
 from .transformer import Seq2SeqModel
 
-__all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "parameter_count", "config_differences"]
+__all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "config_differences"]
 
 
 @dataclass(frozen=True)
@@ -317,16 +317,6 @@ def generate_seq2seq(
         return out.sequences
     finally:
         model.train(was_training)
-
-
-def parameter_count(cfg: EncoderDecoderConfig) -> int:
-    """Number of parameters of ``EncoderDecoder(cfg)`` (a tied matrix counts once), built on the meta device.
-
-    No memory is allocated, so the configs of 11-billion-parameter models count in milliseconds.
-    """
-    with torch.device("meta"):
-        model = EncoderDecoder(cfg)
-    return sum(p.numel() for p in model.parameters())
 
 
 def config_differences(a: EncoderDecoderConfig, b: EncoderDecoderConfig) -> dict[str, tuple[Any, Any]]:

@@ -30,7 +30,7 @@ from ._hf import activation_from_hf, copy_by_name_map, hf_source
 __all__ = [
     "GPTConfig", "GPT", "GPTBlock",
     "GPT1", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_175B",
-    "count_parameters", "gpt_param_formula",
+    "gpt_param_formula",
     "config_from_hf", "from_hf_gpt2", "config_from_hf_openai", "from_hf_openai_gpt", "hf_block_names",
     "lm_loss", "evaluate_lm",
 ]
@@ -242,11 +242,6 @@ class GPT(nn.Module):
 
 
 # --------------------------------------------------------------------------- parameter counts
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (a tied matrix counts once); works on the meta device."""
-    return sum(p.numel() for p in model.parameters())  # .parameters() already skips duplicates
 
 
 def gpt_param_formula(cfg: GPTConfig) -> int:

@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
+from ..calculators import parameter_count
 from ._hf import LoadReport, copy_by_name_map, fuse_rows, hf_source
-from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig, parameter_count
+from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
 __all__ = ["t5_config", "T5_SMALL", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
            "hf_t5_name_map"]
