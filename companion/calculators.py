@@ -114,9 +114,6 @@ _CONFIGS = (BertConfig, GPTConfig, TransformerConfig, T5Sizes)
 def _check_config(cfg: object) -> None:
     if not isinstance(cfg, _CONFIGS):
         raise TypeError(f"cfg must be one of {', '.join(c.__name__ for c in _CONFIGS)}, got {type(cfg).__name__}")
-    if isinstance(cfg, GPTConfig) and cfg.n_experts:
-        raise ValueError(f"cfg has n_experts={cfg.n_experts}: a mixture of experts is counted by "
-                         "companion.moe.moe_parameter_counts and companion.moe.moe_layer_flops, not here")
 
 
 # --------------------------------------------------------------------------- parameters
