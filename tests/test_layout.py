@@ -56,18 +56,21 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
 
 
 def test_encoder_decoders_share_one_interface():
-    """Chapter 4's Transformer and Chapter 11's T5/BART inherit forward, decode, the cache and decoder_lm."""
+    """Chapter 4's Transformer and Chapter 11's T5/BART inherit encode, decode, forward, the cache and decoder_lm."""
     from companion.models.encoder_decoder import EncoderDecoder
-    from companion.models.transformer import Seq2SeqModel, Transformer
+    from companion.models.seq2seq import Seq2SeqModel
+    from companion.models.transformer import Transformer
 
-    shared = ("forward", "decode", "decoder_lm", "new_cache", "max_positions")
+    shared = ("encode", "decode_hidden", "forward", "decode", "decoder_lm", "new_cache", "max_positions")
     for cls in (Transformer, EncoderDecoder):
         assert issubclass(cls, Seq2SeqModel), cls.__name__
         redefined = [name for name in shared if name in vars(cls)]
         assert not redefined, (cls.__name__, redefined)
-        assert all(name in vars(cls) for name in ("encode", "decode_hidden", "head")), cls.__name__
-    defining = [name for name, src in _sources().items() if re.search(r"^    def decoder_lm\(", src, re.M)]
-    assert defining == ["models/transformer.py"]
+        assert all(name in vars(cls) for name in ("_embed", "head")), cls.__name__
+    for method in ("encode", "decode_hidden", "decoder_lm", "_check_ids"):
+        defining = [name for name, src in _sources().items()
+                    if name.startswith("models/") and re.search(rf"^    def {method}\(", src, re.M)]
+        assert defining == ([] if method == "_check_ids" else ["models/seq2seq.py"]), method
 
 
 def test_encoder_decoders_check_token_ids_alike():

@@ -24,10 +24,10 @@ and :class:`companion.blocks.FeedForward` / :class:`companion.blocks.GatedFeedFo
 decoding uses :class:`companion.kv_cache.EncoderDecoderCache` (self-attention keys
 grow, cross-attention keys are computed once) and the course's
 :func:`companion.generation.generate` / :func:`companion.generation.beam_search`
-through :class:`companion.models.transformer.EncodedSource`. What they share with
-Chapter 4's Transformer (``forward``, ``decode``, the cache, ``decoder_lm``) is
-:class:`companion.models.transformer.Seq2SeqModel`: a model defines ``encode``,
-``decode_hidden`` and ``head``.
+through :class:`companion.models.seq2seq.EncodedSource`. What they share with
+Chapter 4's Transformer (``encode``, ``decode``, ``forward``, the cache, ``decoder_lm``)
+is :class:`companion.models.seq2seq.Seq2SeqModel`: this model supplies its
+embeddings, T5's relative position bias and the final norms.
 
 Masks are boolean, True = may attend (:mod:`companion.masks`). Shape legend:
 B batch, S source length, T target length, D model size, H heads, V vocabulary.
@@ -42,14 +42,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .._checks import ShapeChecker, check_positive_int, check_probability
+from .._checks import check_positive_int, check_probability
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, GatedFeedForward, _check_activation, make_norm
 from ..generation import BeamSearchOutput, beam_search, generate
-from ..kv_cache import EncoderDecoderCache
-from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
 from ..positional import RelativePositionBias
-from .transformer import Seq2SeqModel
+from .seq2seq import Seq2SeqModel
 
 __all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "config_differences"]
 
@@ -204,9 +202,6 @@ class EncoderDecoder(Seq2SeqModel):
     # ------------------------------------------------------------------ pieces
     def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
         cfg = self.cfg
-        if start + ids.shape[1] > cfg.max_positions:
-            which = "decoder" if decoder else "source"
-            raise ValueError(f"{which} positions {start}..{start + ids.shape[1] - 1} exceed max_positions={cfg.max_positions}")
         x = self.embed(ids)  # (B, L, D)
         if cfg.scale_embeddings:
             x = x * math.sqrt(cfg.d_model)
@@ -218,51 +213,15 @@ class EncoderDecoder(Seq2SeqModel):
             x = (self.decoder_embed_norm if decoder else self.encoder_embed_norm)(x)
         return self.drop(x)
 
-    def encode(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Source ids (B, S) -> encoder output (B, S, D). The mask (B, S) is 1 on real tokens (default ``src != pad_id``)."""
-        sc = ShapeChecker()
-        self._check_ids("src", src, sc, ("B", "S"))
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
-        mask = padding_mask(src_attention_mask)  # (B, 1, 1, S)
-        s = src.shape[1]
-        bias = self.encoder_bias(s, s) if self.cfg.positions == "relative" else None  # (1, H, S, S), shared by all layers
-        x = self._embed(src, 0, decoder=False)
-        for block in self.encoder:
-            x = block(x, mask, bias=bias)  # (B, S, D)
-        if self.cfg.final_norm:
-            x = self.drop(self.encoder_norm(x))
-        return x
+    def _position_bias(self, decoder: bool, t: int, s: int) -> torch.Tensor | None:
+        if self.cfg.positions != "relative":
+            return None
+        return (self.decoder_bias if decoder else self.encoder_bias)(t, s)  # (1, H, t, s), shared by all layers
 
-    def decode_hidden(
-        self,
-        tgt_in: torch.Tensor,
-        memory: torch.Tensor,
-        src_attention_mask: torch.Tensor,
-        tgt_attention_mask: torch.Tensor | None = None,
-        *,
-        cache: EncoderDecoderCache | None = None,
-    ) -> torch.Tensor:
-        """The decoder's last hidden states (B, T, D), before the output scaling and the head."""
-        sc = self._check_decoder_inputs(tgt_in, memory, src_attention_mask)
-        start = 0 if cache is None else cache.length
-        t = tgt_in.shape[1]
-        if tgt_attention_mask is None:
-            # One new query sees every cached key: no mask at all (the cached decoding step).
-            self_mask = None if t == 1 else causal_mask(t, start + t, device=tgt_in.device)  # (T, start + T), bottom-right
-        else:
-            sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
-            self_mask = combine_masks(causal_mask(t, start + t, device=tgt_in.device), padding_mask(tgt_attention_mask))
-        # No source padding in the batch: no cross-attention mask (one check here instead of one per layer).
-        cross_mask = None if bool(src_attention_mask.all()) else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
-        bias = self.decoder_bias(t, start + t) if self.cfg.positions == "relative" else None  # (1, H, T, start + T)
-        x = self._embed(tgt_in, start, decoder=True)
-        for block in self.decoder:
-            x = block(x, self_mask, context=memory, context_mask=cross_mask, bias=bias, cache=cache)  # (B, T, D)
-        if self.cfg.final_norm:
-            x = self.drop(self.decoder_norm(x))
-        return x
+    def _finish(self, x: torch.Tensor, decoder: bool) -> torch.Tensor:
+        if not self.cfg.final_norm:
+            return x
+        return self.drop((self.decoder_norm if decoder else self.encoder_norm)(x))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder hidden states (B, T, D) -> logits (B, T, V), with T5's ``D**-0.5`` scaling if configured."""
