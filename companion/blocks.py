@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import ShapeChecker, check_positive_int, check_probability
+from ._checks import check_positive_int, check_probability
 from ._loading import copy_by_name_map
-from .attention import MultiHeadAttention
+from .attention import CrossAttention, MultiHeadAttention
 
 __all__ = [
     "layer_norm", "rms_norm", "residual", "RMSNorm", "make_norm",
-    "FeedForward", "GatedFeedForward", "Block", "TransformerBlock",
+    "FeedForward", "GatedFeedForward", "Block", "DecoderBlock", "TransformerBlock", "TransformerDecoderBlock",
 ]
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
@@ -184,114 +184,110 @@ class GatedFeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One Transformer layer assembled from the parts it is given: attention, FFN and norms.
+    """One Transformer layer assembled from the parts it is given: self-attention, FFN and norms.
 
-    Each sublayer sits in a residual connection, :func:`residual`: pre-LN
-    ``x + drop(sublayer(norm(x)))`` or post-LN ``norm(x + drop(sublayer(x)))``.
-    Order: self-attention, then cross-attention (if given), then the FFN.
+    Each sublayer sits in a residual connection: pre-LN ``x + drop(sublayer(norm(x)))``
+    or post-LN ``norm(x + drop(sublayer(x)))`` (see :func:`residual`).
 
-    Any module with the call signature of :class:`~companion.attention.MultiHeadAttention`
-    serves as attention, any ``(B, T, D) -> (B, T, D)`` module as FFN
-    (:class:`FeedForward`, :class:`GatedFeedForward`, a mixture of experts), any
-    norm (:func:`make_norm`) or ``nn.Identity`` as a norm.
+    Any module called as ``self_attn(x, mask, **attn_args)`` serves as attention
+    (:class:`~companion.attention.MultiHeadAttention` and its subclasses), any
+    ``(B, T, D) -> (B, T, D)`` module as FFN (:class:`FeedForward`,
+    :class:`GatedFeedForward`, a mixture of experts), any norm (:func:`make_norm`)
+    or ``nn.Identity`` as a norm. :class:`DecoderBlock` adds cross-attention.
 
     Args:
         self_attn: self-attention module.
         ffn: feed-forward module.
-        norm1, norm2: norms of the self-attention and FFN sublayers.
-        cross_attn, norm_cross: cross-attention and its norm (both or neither).
+        norm1, norm2: norms of the attention and FFN sublayers.
         norm_first: pre-LN if True, post-LN if False.
         dropout: on each sublayer's output.
     """
 
-    # The order of parameters() follows this registration order, and it is not
-    # neutral: gradient clipping sums the squared norms in that order, so a
-    # different order changes a seeded training run in its last bits. Each model
-    # keeps the order it was trained with (GPT's here; see TransformerBlock).
-    registration_order: tuple[str, ...] = ("norm1", "self_attn", "norm_cross", "cross_attn", "norm2", "ffn")
-
-    def __init__(
-        self,
-        self_attn: nn.Module,
-        ffn: nn.Module,
-        norm1: nn.Module,
-        norm2: nn.Module,
-        *,
-        cross_attn: nn.Module | None = None,
-        norm_cross: nn.Module | None = None,
-        norm_first: bool = True,
-        dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, self_attn: nn.Module, ffn: nn.Module, norm1: nn.Module, norm2: nn.Module, *,
+                 norm_first: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
+        self._register(norm_first, dropout, norm1=norm1, self_attn=self_attn, norm2=norm2, ffn=ffn)
+
+    def _register(self, norm_first: bool, dropout: float, **parts: nn.Module) -> None:
+        """Check the parts and register them in the order the forward pass uses them."""
         if not isinstance(norm_first, bool):
             raise TypeError(f"norm_first must be a bool, got {type(norm_first).__name__}")
-        if (cross_attn is None) != (norm_cross is None):
-            raise ValueError("pass cross_attn and norm_cross together (a cross-attention sublayer needs its norm)")
-        for name, m in (("self_attn", self_attn), ("ffn", ffn), ("norm1", norm1), ("norm2", norm2)):
+        for name, m in parts.items():
             if not isinstance(m, nn.Module):
                 raise TypeError(f"{name} must be an nn.Module, got {type(m).__name__}")
-        self.norm_first, self.cross = norm_first, cross_attn is not None
-        self.d_model = getattr(self_attn, "d_model", None)  # D, checked on every call when known
-        parts = dict(norm1=norm1, self_attn=self_attn, norm_cross=norm_cross, cross_attn=cross_attn, norm2=norm2, ffn=ffn)
-        for name in self.registration_order:
-            if parts[name] is not None:
-                setattr(self, name, parts[name])
+            setattr(self, name, m)
+        self.norm_first = norm_first
         self.drop = nn.Dropout(check_probability("dropout", dropout))
 
-    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
-        if self.drop.p and self.training:
-            return residual(x, lambda h: self.drop(sublayer(h)), norm, norm_first=self.norm_first)
-        return residual(x, sublayer, norm, norm_first=self.norm_first)  # no dropout: one call fewer per sublayer
+    def sublayer(self, x: torch.Tensor, norm: nn.Module, layer: nn.Module, *args, **kwargs) -> torch.Tensor:
+        """``x + drop(layer(norm(x), ...))`` (pre-LN) or ``norm(x + drop(layer(x, ...)))`` (post-LN)."""
+        if self.norm_first:
+            return x + self.drop(layer(norm(x), *args, **kwargs))
+        return norm(x + self.drop(layer(x, *args, **kwargs)))
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        context: torch.Tensor | None = None,
-        context_mask: torch.Tensor | None = None,
-        *,
-        bias: torch.Tensor | None = None,
-        is_causal: bool = False,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        head_mask: torch.Tensor | None = None,
-        context_bias: torch.Tensor | None = None,
-        context_head_mask: torch.Tensor | None = None,
-        cache=None,
-    ) -> torch.Tensor:
-        """``x`` (B, T, D) -> (B, T, D).
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, **attn_args) -> torch.Tensor:
+        """``x`` (B, T, D) -> (B, T, D); ``mask`` and ``attn_args`` (``is_causal``, ``bias``,
+        ``rope``, ``cache``, ``head_mask``) go to the self-attention."""
+        x = self.sublayer(x, self.norm1, self.self_attn, mask, **attn_args)
+        return self.sublayer(x, self.norm2, self.ffn)  # (B, T, D)
 
-        ``mask``, ``bias``, ``is_causal``, ``rope`` and ``head_mask`` go to the
-        self-attention; ``context`` (B, S, D), ``context_mask``, ``context_bias``
-        and ``context_head_mask`` to the cross-attention. ``cache`` is a :class:`~companion.kv_cache.KVCache`
-        (self-attention) or an :class:`~companion.kv_cache.EncoderDecoderCache`
-        (both parts).
+
+class DecoderBlock(Block):
+    """A :class:`Block` with cross-attention between its self-attention and its FFN (an encoder-decoder's decoder layer).
+
+    Order: self-attention, cross-attention to the ``context`` (the encoder's
+    output), FFN, each in its residual connection.
+    """
+
+    def __init__(self, self_attn: nn.Module, cross_attn: nn.Module, ffn: nn.Module, norm1: nn.Module,
+                 norm_cross: nn.Module, norm2: nn.Module, *, norm_first: bool = True, dropout: float = 0.0) -> None:
+        nn.Module.__init__(self)  # Block's parts and the cross-attention, registered in the order they run
+        self._register(norm_first, dropout, norm1=norm1, self_attn=self_attn, norm_cross=norm_cross,
+                       cross_attn=cross_attn, norm2=norm2, ffn=ffn)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None, mask: torch.Tensor | None = None,
+                context_mask: torch.Tensor | None = None, *, cache=None, **attn_args) -> torch.Tensor:
+        """``x`` (B, T, D) and ``context`` (B, S, Dc) -> (B, T, D).
+
+        ``mask`` and ``attn_args`` go to the self-attention, ``context_mask`` to the
+        cross-attention. ``cache`` is an :class:`~companion.kv_cache.EncoderDecoderCache`:
+        its ``self_attn`` part grows, its ``cross_attn`` part holds the context's keys
+        and values (``context`` may then be None).
         """
-        ShapeChecker().check("x", x, ("B", "T", self.d_model))
-        self_cache = getattr(cache, "self_attn", cache)
-        cross_cache = getattr(cache, "cross_attn", None)
-        x = self._residual(x, self.norm1, lambda h: self.self_attn(
-            h, mask, bias=bias, is_causal=is_causal, rope=rope, head_mask=head_mask, cache=self_cache))
-        if self.cross:
-            if context is None and cross_cache is None:
-                raise ValueError("this block has cross-attention: pass context of shape (B, S, D)")
-            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
-                h, context_mask, context=context, bias=context_bias, head_mask=context_head_mask, cache=cross_cache))
-        elif context is not None:
-            raise ValueError("this block has no cross-attention; build it with cross=True to pass a context")
-        return self._residual(x, self.norm2, self.ffn)  # (B, T, D)
+        self_cache = None if cache is None else cache.self_attn
+        cross_cache = None if cache is None else cache.cross_attn
+        x = self.sublayer(x, self.norm1, self.self_attn, mask, cache=self_cache, **attn_args)
+        x = self.sublayer(x, self.norm_cross, self.cross_attn, context, context_mask, cache=cross_cache)
+        return self.sublayer(x, self.norm2, self.ffn)  # (B, T, D)
+
+
+def _sized_parts(d_model, n_heads, d_ff, cross, *, dropout, activation, norm, norm_eps, bias, gated, d_head,
+                 n_kv_heads, layer_idx) -> dict[str, nn.Module]:
+    norm_bias = bias if norm == "layernorm" else None
+    attn_kw = dict(d_head=d_head, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout, layer_idx=layer_idx)
+    # Creation order (self-attention, its norm, cross-attention, its norm, FFN, norm)
+    # fixes the random initial weights of a seeded model: keep it.
+    parts = dict(self_attn=MultiHeadAttention(d_model, n_heads, **attn_kw), norm1=make_norm(norm, d_model, norm_eps, norm_bias))
+    if cross:
+        parts.update(cross_attn=CrossAttention(d_model, n_heads, **attn_kw),
+                     norm_cross=make_norm(norm, d_model, norm_eps, norm_bias))
+    ffn_cls = GatedFeedForward if gated else FeedForward
+    parts.update(ffn=ffn_cls(d_model, d_ff, activation=activation, dropout=0.0, bias=bias),
+                 norm2=make_norm(norm, d_model, norm_eps, norm_bias))
+    return parts
 
 
 class TransformerBlock(Block):
-    """A :class:`Block` built from sizes: multi-head attention, optional cross-attention, FFN, norms.
+    """A :class:`Block` built from sizes: multi-head self-attention, FFN, norms (an encoder layer).
 
     ``norm_first=False`` is the original **post-LN** layer,
     ``x = norm(x + sublayer(x))``; ``norm_first=True`` is **pre-LN**,
     ``x = x + sublayer(norm(x))`` (GPT-2 and most later models).
+    :class:`TransformerDecoderBlock` is the same with cross-attention.
 
     Args:
         d_model, n_heads, d_ff: sizes D, H and F.
         norm_first: pre-LN if True, post-LN if False.
-        cross: add a cross-attention sublayer (a decoder layer of an encoder-decoder).
         dropout: dropout on each sublayer's output and on the attention weights.
         activation: FFN activation.
         norm: ``"layernorm"`` or ``"rmsnorm"``.
@@ -302,43 +298,19 @@ class TransformerBlock(Block):
         layer_idx: this layer's slot in a KV cache.
     """
 
-    registration_order = ("self_attn", "norm1", "cross_attn", "norm_cross", "ffn", "norm2")  # Chapter 4's order
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = True, dropout: float = 0.0,
+                 activation: Activation = "relu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
+                 bias: bool = True, gated: bool = False, d_head: int | None = None, n_kv_heads: int | None = None,
+                 layer_idx: int = 0) -> None:
+        p = _sized_parts(d_model, n_heads, d_ff, False, dropout=dropout, activation=activation, norm=norm,
+                         norm_eps=norm_eps, bias=bias, gated=gated, d_head=d_head, n_kv_heads=n_kv_heads,
+                         layer_idx=layer_idx)
+        super().__init__(p["self_attn"], p["ffn"], p["norm1"], p["norm2"], norm_first=norm_first, dropout=dropout)
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        *,
-        norm_first: bool = True,
-        cross: bool = False,
-        dropout: float = 0.0,
-        activation: Activation = "relu",
-        norm: NormKind = "layernorm",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        gated: bool = False,
-        d_head: int | None = None,
-        n_kv_heads: int | None = None,
-        layer_idx: int = 0,
-    ) -> None:
-        norm_bias = bias if norm == "layernorm" else None
-        attn_kw = dict(d_head=d_head, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout, layer_idx=layer_idx)
-        # Creation order (self-attention, its norm, cross-attention, its norm, FFN, norm)
-        # fixes the random initial weights of a seeded model: keep it.
-        self_attn = MultiHeadAttention(d_model, n_heads, **attn_kw)
-        norm1 = make_norm(norm, d_model, norm_eps, norm_bias)
-        cross_attn = MultiHeadAttention(d_model, n_heads, cross=True, **attn_kw) if cross else None
-        norm_cross = make_norm(norm, d_model, norm_eps, norm_bias) if cross else None
-        ffn_cls = GatedFeedForward if gated else FeedForward
-        ffn = ffn_cls(d_model, d_ff, activation=activation, dropout=0.0, bias=bias)
-        norm2 = make_norm(norm, d_model, norm_eps, norm_bias)
-        super().__init__(self_attn, ffn, norm1, norm2, cross_attn=cross_attn, norm_cross=norm_cross,
-                         norm_first=norm_first, dropout=dropout)
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> "TransformerBlock":
-        """A block holding the same weights as a ``batch_first`` ``nn.TransformerEncoderLayer`` or ``nn.TransformerDecoderLayer``.
+    @staticmethod
+    def from_torch(layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> TransformerBlock | TransformerDecoderBlock:
+        """A block holding the same weights as a ``batch_first`` ``nn.TransformerEncoderLayer``
+        (a :class:`TransformerBlock`) or ``nn.TransformerDecoderLayer`` (a :class:`TransformerDecoderBlock`).
 
         Mapping: ``self_attn`` -> ``self_attn`` (fused q, k, v), ``multihead_attn`` ->
         ``cross_attn`` (decoder), ``linear1`` -> ``ffn.up``, ``linear2`` -> ``ffn.down``;
@@ -361,9 +333,9 @@ class TransformerBlock(Block):
             raise ValueError(f"only LayerNorm layers are supported, got {type(layer.norm1).__name__}")
         decoder = isinstance(layer, nn.TransformerDecoderLayer)
         d_model, d_ff = layer.linear1.in_features, layer.linear1.out_features
-        block = cls(
+        block = (TransformerDecoderBlock if decoder else TransformerBlock)(
             d_model, layer.self_attn.num_heads, d_ff,
-            norm_first=layer.norm_first, cross=decoder, activation=activation, norm_eps=layer.norm1.eps,
+            norm_first=layer.norm_first, activation=activation, norm_eps=layer.norm1.eps,
         )
         # Source: torch's own tensors, plus its attention layers converted to ours (under our names).
         source = dict(layer.state_dict())
@@ -379,3 +351,23 @@ class TransformerBlock(Block):
             names.update({f"{ours}.weight": f"{theirs}.weight", f"{ours}.bias": f"{theirs}.bias"})
         copy_by_name_map(block, source, names, ignore=[r"^(self_attn|multihead_attn)\."])
         return block
+
+
+class TransformerDecoderBlock(DecoderBlock):
+    """A :class:`DecoderBlock` built from sizes: self-attention, cross-attention, FFN, norms.
+
+    Arguments as :class:`TransformerBlock`; the cross-attention is a
+    :class:`~companion.attention.CrossAttention` with the same sizes.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = True, dropout: float = 0.0,
+                 activation: Activation = "relu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
+                 bias: bool = True, gated: bool = False, d_head: int | None = None, n_kv_heads: int | None = None,
+                 layer_idx: int = 0) -> None:
+        p = _sized_parts(d_model, n_heads, d_ff, True, dropout=dropout, activation=activation, norm=norm,
+                         norm_eps=norm_eps, bias=bias, gated=gated, d_head=d_head, n_kv_heads=n_kv_heads,
+                         layer_idx=layer_idx)
+        super().__init__(p["self_attn"], p["cross_attn"], p["ffn"], p["norm1"], p["norm_cross"], p["norm2"],
+                         norm_first=norm_first, dropout=dropout)
+
+    from_torch = TransformerBlock.from_torch

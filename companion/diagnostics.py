@@ -25,7 +25,6 @@ from torch import nn
 from ._checks import ShapeChecker, check_positive_int
 from .blocks import NormKind, TransformerBlock, make_norm
 from .data import random_batch
-from .masks import causal_mask
 from .training import TrainConfig, lm_loss, train  # lm_loss re-exported
 
 __all__ = [
@@ -101,13 +100,12 @@ class StackLM(nn.Module):
         if t > self.cfg.max_positions:
             raise ValueError(f"idx has length T={t}, longer than max_positions={self.cfg.max_positions}")
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))  # (B, T, D)
-        mask = causal_mask(t, device=idx.device)  # (T, T)
         self.hidden = []
         if keep_hidden:
             x.retain_grad()
             self.hidden.append(x)
         for block in self.blocks:
-            x = block(x, mask=mask)  # (B, T, D)
+            x = block(x, is_causal=True)  # (B, T, D)
             if keep_hidden:
                 x.retain_grad()
                 self.hidden.append(x)

@@ -299,7 +299,7 @@ def gqa_from_mha(mha: MultiHeadAttention, n_kv_heads: int) -> MultiHeadAttention
     before uptraining). ``n_kv_heads = H`` gives back the same layer;
     ``n_kv_heads = 1`` is multi-query attention (Shazeer, 2019).
     """
-    if not isinstance(mha, MultiHeadAttention) or mha.cross:
+    if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"mha must be a self-attention MultiHeadAttention, got {type(mha).__name__}")
     if mha.n_kv_heads != mha.n_heads:
         raise ValueError(f"mha must have n_kv_heads == n_heads, got {mha.n_kv_heads} and {mha.n_heads}")

@@ -23,14 +23,15 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
+from .attention import CrossAttention, MultiHeadAttention
 
 __all__ = ["attention_layers", "head_mask_applied", "head_importance", "pruning_order"]
 
 
-def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
-    """The :class:`~companion.attention.MultiHeadAttention` modules of ``model``, in registration order."""
-    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+def attention_layers(model: nn.Module) -> list[MultiHeadAttention | CrossAttention]:
+    """The attention layers of ``model`` (:class:`~companion.attention.MultiHeadAttention` and
+    :class:`~companion.attention.CrossAttention`), in registration order."""
+    layers = [m for m in model.modules() if isinstance(m, (MultiHeadAttention, CrossAttention))]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no companion.attention.MultiHeadAttention module")
     return layers

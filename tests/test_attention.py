@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.attention import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
+from companion.attention import (CrossAttention, MultiHeadAttention, merge_heads, record_attention,
+                                 scaled_dot_product_attention, split_heads)
 from companion.masks import causal_mask, padding_mask
 from companion.kv_cache import KVCache
 
@@ -98,28 +99,40 @@ def test_mha_matches_nn_multiheadattention(n_heads):
     x = torch.randn(3, 7, 10)
     mask = causal_mask(7)
     want, want_w = ref(x, x, x, attn_mask=~mask, average_attn_weights=False)  # True = blocked there
-    got, got_w = ours(x, mask, return_weights=True)
+    with record_attention(ours) as rec:
+        got = ours(x, mask)  # sdpa backend
     torch.testing.assert_close(got, want, **TOL)
-    torch.testing.assert_close(got_w, want_w, **TOL)
-    torch.testing.assert_close(ours(x, mask), want, **TOL)  # sdpa backend
+    torch.testing.assert_close(rec[""][0], want_w, **TOL)
+    ours.backend = "manual"
+    torch.testing.assert_close(ours(x, mask), want, **TOL)
+    torch.testing.assert_close(ours(x, is_causal=True), want, **TOL)  # the kernel's own causal rule
 
 
 def test_mha_backends_agree_and_cross_attention_runs():
     torch.manual_seed(0)
-    layer = MultiHeadAttention(16, 4, cross=True).eval()
+    layer = CrossAttention(16, 4).eval()
     x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
     mask = padding_mask(torch.tensor([[1] * 9, [1] * 6 + [0] * 3]))
-    a = layer(x, mask, context=ctx)
+    a = layer(x, ctx, mask)
     layer.backend = "manual"
-    torch.testing.assert_close(layer(x, mask, context=ctx), a, **TOL)
+    torch.testing.assert_close(layer(x, ctx, mask), a, **TOL)
     assert a.shape == (2, 5, 16)
+    # By hand: queries from x, keys and values from the context, padded keys masked.
+    q = split_heads(layer.q(x), 4)
+    k, v = (split_heads(z, 4) for z in layer.kv(ctx).chunk(2, dim=-1))
+    torch.testing.assert_close(a, layer.out(merge_heads(_reference(q, k, v, mask))), **TOL)
+    with pytest.raises(ValueError, match="context"):
+        layer(x, None)
 
 
-def _cached_twice(layer, b1, b2):
-    """Fill a cache with a batch of ``b1`` sequences, then call with ``b2``: the keys cannot match."""
-    cache = KVCache(1)
-    layer(torch.zeros(b1, 3, layer.d_model), cache=cache)
-    return layer(torch.zeros(b2, 1, layer.d_model), cache=cache)
+def test_cross_attention_from_torch_matches_nn_multiheadattention():
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(12, 3, batch_first=True).eval()
+    ours = MultiHeadAttention.from_torch(ref, cross=True)
+    assert isinstance(ours, CrossAttention)
+    x, ctx = torch.randn(2, 4, 12), torch.randn(2, 6, 12)
+    want, _ = ref(x, ctx, ctx)
+    torch.testing.assert_close(ours(x, ctx), want, **TOL)
 
 
 @pytest.mark.parametrize(
@@ -133,15 +146,12 @@ def _cached_twice(layer, b1, b2):
                                               torch.ones(3, 5)), "boolean"),
         (lambda: split_heads(torch.zeros(2, 3, 10), 3), "not divisible"),
         (lambda: MultiHeadAttention(10, 4), "not divisible"),
-        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 6)), "shape"),
-        (lambda: MultiHeadAttention(8, 2)(torch.zeros(3, 8)), "3 dimensions"),
-        # The layer checks what a caller passes once and then calls the unchecked kernel:
-        # a mask, a bias or a head mask of the wrong shape still gets the message.
-        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.ones(4, 3, dtype=torch.bool)), "does not broadcast"),
-        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.ones(3, 3)), "boolean"),
-        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), bias=torch.zeros(2, 3, 4)), "bias of shape"),
-        (lambda: MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), head_mask=torch.ones(3)), "head_mask must have shape"),
-        (lambda: _cached_twice(MultiHeadAttention(8, 2), 2, 3), "B="),
+        (lambda: MultiHeadAttention(8, 2, n_kv_heads=3), "not divisible"),
+        (lambda: CrossAttention(8, 2, d_context=0), "d_context"),
+        # The public function checks what the layers trust (they are called by models that checked their inputs).
+        (lambda: scaled_dot_product_attention(*qkv(), bias=torch.zeros(2, 3, 4)), "bias of shape"),
+        (lambda: scaled_dot_product_attention(*qkv(), head_mask=torch.ones(5)), "head_mask must have shape"),
+        (lambda: scaled_dot_product_attention(*qkv(t=7, s=5), is_causal=True), "at least as many keys"),
         (lambda: scaled_dot_product_attention(*qkv(), return_weights=True, backend="sdpa"), "manual"),
     ],
 )
@@ -256,15 +266,15 @@ def test_cached_self_and_cross_attention_equal_full_computation():
 
     torch.manual_seed(0)
     self_attn = MultiHeadAttention(12, 3, n_kv_heads=1, layer_idx=1).eval()
-    cross = MultiHeadAttention(12, 3, cross=True, d_context=8, layer_idx=1).eval()
+    cross = CrossAttention(12, 3, d_context=8, layer_idx=1).eval()
     x, memory = torch.randn(2, 6, 12), torch.randn(2, 5, 8)
     full_self = self_attn(x, is_causal=True)
-    full_cross = cross(x, context=memory)
+    full_cross = cross(x, memory)
     cache = EncoderDecoderCache(2)
     steps_self, steps_cross = [], []
     for i in range(6):
         steps_self.append(self_attn(x[:, i:i + 1], is_causal=True, cache=cache.self_attn))
-        steps_cross.append(cross(x[:, i:i + 1], context=memory if i == 0 else None, cache=cache.cross_attn))
+        steps_cross.append(cross(x[:, i:i + 1], memory if i == 0 else None, cache=cache.cross_attn))
     torch.testing.assert_close(torch.cat(steps_self, 1), full_self, **TOL)
     torch.testing.assert_close(torch.cat(steps_cross, 1), full_cross, **TOL)
     assert cache.length == 6 and cache.cross_attn.length == 5
@@ -272,24 +282,25 @@ def test_cached_self_and_cross_attention_equal_full_computation():
 
 
 def test_record_attention_keeps_outputs_and_records_every_call():
-    from companion.attention import record_attention
-    from companion.blocks import TransformerBlock
+    from companion.blocks import TransformerDecoderBlock
 
     torch.manual_seed(0)
-    block = TransformerBlock(12, 3, 20, cross=True).eval()
+    block = TransformerDecoderBlock(12, 3, 20).eval()
     x, ctx = torch.randn(2, 7, 12), torch.randn(2, 5, 12)
-    mask = causal_mask(7)
-    plain = block(x, mask, context=ctx)
+    plain = block(x, ctx, is_causal=True)
     with record_attention(block) as rec:
-        recorded_out = block(x, mask, context=ctx)
-        block(x, mask, context=ctx)
+        recorded_out = block(x, ctx, is_causal=True)
+        block(x, ctx, is_causal=True)
     assert torch.equal(recorded_out, plain) and sorted(rec) == ["cross_attn", "self_attn"]
     assert len(rec["self_attn"]) == 2 and rec["cross_attn"][0].shape == (2, 3, 7, 5)
-    _, want = block.self_attn(block.norm1(x) if block.norm_first else x, mask, return_weights=True)
+    # The weights by hand, from the layer's own projections of its input (post-LN: x itself).
+    attn = block.self_attn
+    q, k, v = (split_heads(z, 3) for z in attn.qkv(x if not block.norm_first else block.norm1(x)).chunk(3, dim=-1))
+    _, want = scaled_dot_product_attention(q, k, v, causal_mask(7), return_weights=True)
     torch.testing.assert_close(rec["self_attn"][0], want, **TOL)
-    assert block.self_attn.recorded is None  # nothing recorded after the block
+    assert "kernel" not in vars(attn)  # the class's kernel again after the block
     with record_attention(block, cross=False) as rec:
-        block(x, mask, context=ctx)
+        block(x, ctx, is_causal=True)
     assert list(rec) == ["self_attn"]
 
 

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.blocks import FeedForward, RMSNorm, TransformerBlock, layer_norm, make_norm, residual, rms_norm
+from companion.blocks import (FeedForward, RMSNorm, TransformerBlock, TransformerDecoderBlock, layer_norm, make_norm,
+                             residual, rms_norm)
 from companion.masks import causal_mask, padding_mask
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -175,7 +176,7 @@ def test_block_equals_torch_encoder_layer(norm_first, activation):
 def test_post_ln_cross_block_equals_torch_decoder_layer():
     torch.manual_seed(0)
     ref = nn.TransformerDecoderLayer(12, 3, 29, dropout=0.0, batch_first=True, norm_first=False).eval()
-    block = TransformerBlock(12, 3, 29, norm_first=False, cross=True).eval()
+    block = TransformerDecoderBlock(12, 3, 29, norm_first=False).eval()
     d = 12
     with torch.no_grad():
         block.self_attn.load_state_dict(
@@ -192,9 +193,10 @@ def test_post_ln_cross_block_equals_torch_decoder_layer():
             ours.load_state_dict(theirs.state_dict())
     x, ctx = torch.randn(2, 7, d), torch.randn(2, 13, d)
     mask = causal_mask(7)
-    got = block(x, mask=mask, context=ctx)
+    got = block(x, ctx, mask)
     want = ref(x, ctx, tgt_mask=~mask)
     torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(block(x, ctx, is_causal=True), want, **TOL)  # the kernel's causal rule
 
 
 def test_rmsnorm_block_uses_rmsnorm_and_keeps_shape():
@@ -204,13 +206,10 @@ def test_rmsnorm_block_uses_rmsnorm_and_keeps_shape():
 
 
 def test_block_and_from_torch_errors():
-    block = TransformerBlock(12, 3, 29)
-    with pytest.raises(ValueError, match="x must have shape"):
-        block(torch.randn(2, 7, 10))
-    with pytest.raises(ValueError, match="no cross-attention"):
-        block(torch.randn(2, 7, 12), context=torch.randn(2, 5, 12))
-    with pytest.raises(ValueError, match="pass context"):
-        TransformerBlock(12, 3, 29, cross=True)(torch.randn(2, 7, 12))
+    with pytest.raises(ValueError, match="needs a context"):
+        TransformerDecoderBlock(12, 3, 29)(torch.randn(2, 7, 12), None)
+    with pytest.raises(TypeError, match="norm_first must be a bool"):
+        TransformerBlock(12, 3, 29, norm_first=1)
     with pytest.raises(ValueError, match="batch_first=True"):
         TransformerBlock.from_torch(nn.TransformerEncoderLayer(12, 3, 29, batch_first=False))
     with pytest.raises(TypeError, match="nn.TransformerEncoderLayer"):
@@ -279,8 +278,9 @@ def test_block_composes_its_parts_and_passes_bias_and_mask(norm_first):
         h = n1(x + sub(x))
         want = n2(h + ffn(h))
     torch.testing.assert_close(got, want, **TOL)
-    with pytest.raises(ValueError, match="cross_attn and norm_cross together"):
-        Block(attn, ffn, n1, n2, cross_attn=attn)
+    with pytest.raises(TypeError, match="ffn must be an nn.Module"):
+        Block(attn, lambda h: h, n1, n2)
+    assert [name for name, _ in block.named_children()] == ["norm1", "self_attn", "norm2", "ffn", "drop"]  # forward order
 
 
 def test_pre_ln_decoder_layer_from_torch_equals_torch():
@@ -290,7 +290,7 @@ def test_pre_ln_decoder_layer_from_torch_equals_torch():
         for p in ref.parameters():
             p.add_(0.1 * torch.randn_like(p))  # LayerNorm biases and weights away from 0 and 1
     block = TransformerBlock.from_torch(ref).eval()
-    assert block.cross and block.norm_first
+    assert isinstance(block, TransformerDecoderBlock) and block.norm_first
     x, ctx = torch.randn(2, 7, 12), torch.randn(2, 5, 12)
     mask = causal_mask(7)
-    torch.testing.assert_close(block(x, mask, context=ctx), ref(x, ctx, tgt_mask=~mask), **TOL)
+    torch.testing.assert_close(block(x, ctx, mask), ref(x, ctx, tgt_mask=~mask), **TOL)

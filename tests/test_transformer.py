@@ -84,7 +84,7 @@ def test_decoder_layer_matches_torch_post_ln():
     with torch.no_grad():
         want = layer(x, memory, tgt_mask=~causal_mask(T), tgt_key_padding_mask=~tgt_valid,
                      memory_key_padding_mask=~src_valid)
-        got = block(x, decoder_self_mask(tgt_valid), context=memory, context_mask=src_valid[:, None, None, :])
+        got = block(x, memory, decoder_self_mask(tgt_valid), src_valid[:, None, None, :])
     # torch gives NaN nowhere here: every query sees at least key 0 (a real token)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -255,7 +255,7 @@ def test_cross_attention_weights_are_distributions_over_real_source_tokens():
     block = model.decoder[0]
     captured = {}
     block.cross_attn.register_forward_hook(lambda m, a, o: captured.update(out=o))
-    block.cross_attn.register_forward_pre_hook(lambda m, a, kw: captured.update(ctx=kw["context"]), with_kwargs=True)
+    block.cross_attn.register_forward_pre_hook(lambda m, a: captured.update(ctx=a[1]))  # (x, context, mask)
     with torch.no_grad():
         model(src, tgt_in, src_valid)
         v = block.cross_attn.kv(captured["ctx"])[..., D:].view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)

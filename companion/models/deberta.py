@@ -17,10 +17,10 @@ is the bucketed distance ``i - j`` shifted to a row index (:func:`relative_bucke
 Distances up to ``position_buckets / 2`` get a row each; longer ones share rows
 on a log scale (:func:`log_bucket_position`).
 
-The course adds nothing to attention itself: the two position terms are an
-additive score ``bias`` handed to :class:`~companion.attention.MultiHeadAttention`
-as a callable of the projected queries and keys (:class:`DisentangledBias`). The
-blocks are BERT's post-LN blocks. :func:`from_hf_deberta_v2` loads Hugging Face
+The course adds nothing to the attention kernel: :class:`DisentangledAttention`,
+a :class:`~companion.attention.MultiHeadAttention` with its own ``forward``,
+computes the two position terms from its projected queries and keys and hands
+them to the kernel as an additive score ``bias``. The blocks are BERT's post-LN blocks. :func:`from_hf_deberta_v2` loads Hugging Face
 ``DebertaV2Model``.
 """
 
@@ -39,7 +39,7 @@ from ..masks import padding_mask
 from ._hf import activation_from_hf, copy_by_name_map, hf_source
 from .bert import _fuse_qkv, _init_weights
 
-__all__ = ["DebertaConfig", "log_bucket_position", "relative_buckets", "DisentangledBias", "DebertaModel",
+__all__ = ["DebertaConfig", "log_bucket_position", "relative_buckets", "DisentangledAttention", "DebertaModel",
            "from_hf_deberta_v2"]
 
 
@@ -101,37 +101,33 @@ def relative_buckets(t: int, bucket_size: int, max_position: int) -> torch.Tenso
     return (d + bucket_size).clamp(0, 2 * bucket_size - 1)
 
 
-class DisentangledBias(nn.Module):
-    """The c2p + p2c score terms of one layer, as a callable ``bias(q, k)`` for :class:`MultiHeadAttention`.
+class DisentangledAttention(MultiHeadAttention):
+    """Self-attention with DeBERTa's two position terms added to the content scores (one layer).
 
-    Call :meth:`set` with the (normalised) relative table ``R`` (2k, D) and the row
-    indices (T, T) before the layer runs. ``Qr``/``Kr`` are ``R`` projected by the
-    attention layer's own query/key weights (share_att_key).
+    Same parameters as :class:`~companion.attention.MultiHeadAttention` (a fused
+    ``qkv`` and ``out``); its ``forward`` also takes the model's (normalised)
+    relative table ``table`` (2k, D) and the row index ``rows`` (T, T) of every
+    query-key pair, and adds :meth:`position_scores` to the scaled scores as a bias.
     """
 
-    def __init__(self, attention: MultiHeadAttention, scale: float) -> None:
-        super().__init__()
-        self.attention = [attention]  # a plain list: not a submodule, no duplicate parameters
-        self.scale = scale
-        self.table: torch.Tensor | None = None
-        self.rows: torch.Tensor | None = None
+    def forward(self, x, mask=None, *, table, rows, head_mask=None):
+        """``x`` (B, T, D) -> (B, T, D); ``table`` (2k, D), ``rows`` (T, T) from :func:`relative_buckets`."""
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # each (B, H, T, Dh)
+                   for z in self.qkv(x).split(self.qkv_sizes, dim=-1))
+        bias = self.position_scores(q, k, table, rows)  # (B, H, T, T)
+        return self.out(self._attention(q, k, v, mask, bias=bias, head_mask=head_mask))  # (B, T, D)
 
-    def set(self, table: torch.Tensor, rows: torch.Tensor) -> DisentangledBias:
-        self.table, self.rows = table, rows
-        return self
+    def position_scores(self, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """c2p + p2c, scaled like the content scores: ``(B, H, T, T)``.
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        if self.table is None:
-            raise RuntimeError("call set(table, rows) before the attention layer runs")
-        attn = self.attention[0]
-        d = attn.n_heads * attn.d_head
-        w, b = attn.qkv.weight, attn.qkv.bias
-        pos_q = nn.functional.linear(self.table, w[:d], None if b is None else b[:d])  # (2k, H Dh)
-        pos_k = nn.functional.linear(self.table, w[d:2 * d], None if b is None else b[d:2 * d])
-        pos_q = pos_q.view(-1, attn.n_heads, attn.d_head).transpose(0, 1)  # (H, 2k, Dh)
-        pos_k = pos_k.view(-1, attn.n_heads, attn.d_head).transpose(0, 1)
+        ``Qr``/``Kr`` are the relative table projected by this layer's own query and
+        key weights (share_att_key); entry ``[i, j]`` reads row ``rows[i, j] = d(i, j)``.
+        """
+        pos_q, pos_k, _ = self.qkv(table).split(self.qkv_sizes, dim=-1)  # (2k, H Dh) each
+        pos_q = pos_q.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # (H, 2k, Dh)
+        pos_k = pos_k.view(-1, self.n_heads, self.d_head).transpose(0, 1)
         t = q.shape[-2]
-        rows = self.rows[:t, :t]  # (T, T)
         c2p = q @ pos_k.transpose(-1, -2)  # (B, H, T, 2k): query content x every relative row
         c2p = torch.gather(c2p, -1, rows.expand(*c2p.shape[:-1], t))  # (B, H, T, T): row d(i, j)
         p2c = k @ pos_q.transpose(-1, -2)  # (B, H, T, 2k): key content x every relative row
@@ -155,15 +151,13 @@ class DebertaModel(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         scale = 1.0 / math.sqrt(3 * cfg.d_model // cfg.n_heads)  # sqrt(3 Dh): three score terms
         self.blocks = nn.ModuleList()
-        self.biases = []
         for i in range(cfg.n_layers):
-            attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, scale=scale, dropout=cfg.dropout, layer_idx=i,
-                                      backend="manual")
+            attn = DisentangledAttention(cfg.d_model, cfg.n_heads, scale=scale, dropout=cfg.dropout, layer_idx=i,
+                                         backend="manual")
             ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation)
             self.blocks.append(Block(attn, ffn, make_norm("layernorm", cfg.d_model, cfg.norm_eps),
                                      make_norm("layernorm", cfg.d_model, cfg.norm_eps), norm_first=False,
                                      dropout=cfg.dropout))
-            self.biases.append(DisentangledBias(attn, scale))
         self.relative = nn.Embedding(2 * cfg.position_buckets, cfg.d_model)  # R, shared by every layer
         self.relative_norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps) if cfg.norm_relative else None
         self.apply(_init_weights)
@@ -189,9 +183,9 @@ class DebertaModel(nn.Module):
             mask = padding_mask(attention_mask)  # (B, 1, 1, T)
         x = self.drop(x)
         table = self.relative.weight if self.relative_norm is None else self.relative_norm(self.relative.weight)
-        rows = relative_buckets(t, self.cfg.position_buckets, self.cfg.max_positions).to(input_ids.device)
-        for block, bias in zip(self.blocks, self.biases):
-            x = block(x, mask, bias=bias.set(table, rows))
+        rows = relative_buckets(t, self.cfg.position_buckets, self.cfg.max_positions).to(input_ids.device)  # (T, T)
+        for block in self.blocks:
+            x = block(x, mask, table=table, rows=rows)
         return x
 
 

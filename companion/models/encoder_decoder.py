@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from .._checks import check_positive_int, check_probability
-from ..attention import MultiHeadAttention
-from ..blocks import Block, FeedForward, GatedFeedForward, _check_activation, make_norm
+from ..attention import CrossAttention, MultiHeadAttention
+from ..blocks import Block, DecoderBlock, FeedForward, GatedFeedForward, _check_activation, make_norm
 from ..generation import BeamSearchOutput, beam_search, generate
 from ..positional import RelativePositionBias
 from .seq2seq import Seq2SeqModel
@@ -121,19 +121,22 @@ class EncoderDecoderConfig:
         return replace(self, **changes)
 
 
-def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block:
-    def attention(is_cross: bool) -> MultiHeadAttention:
-        return MultiHeadAttention(cfg.d_model, cfg.n_heads, d_head=cfg.head_size, bias=cfg.bias, dropout=cfg.dropout,
-                                  scale=None if cfg.scale_attention else 1.0, cross=is_cross, layer_idx=i)
+def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block | DecoderBlock:
+    attn_kw = dict(d_head=cfg.head_size, bias=cfg.bias, dropout=cfg.dropout, layer_idx=i,
+                   scale=None if cfg.scale_attention else 1.0)
 
     def norm() -> nn.Module:
         return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias if cfg.norm == "layernorm" else None)
 
+    # Creation order (FFN, self-attention, cross-attention) fixes a seeded model's initial weights.
     ffn_cls = GatedFeedForward if cfg.gated else FeedForward
     ffn = ffn_cls(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout, bias=cfg.bias)
-    return Block(attention(False), ffn, norm(), norm(),
-                 cross_attn=attention(True) if cross else None, norm_cross=norm() if cross else None,
-                 norm_first=cfg.norm_first, dropout=cfg.dropout)
+    self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, **attn_kw)
+    cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, **attn_kw) if cross else None
+    if cross:
+        return DecoderBlock(self_attn, cross_attn, ffn, norm(), norm(), norm(), norm_first=cfg.norm_first,
+                            dropout=cfg.dropout)
+    return Block(self_attn, ffn, norm(), norm(), norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 
 class EncoderDecoder(Seq2SeqModel):
@@ -185,9 +188,9 @@ class EncoderDecoder(Seq2SeqModel):
             return
         # T5 (Mesh TensorFlow): N(0, fan_in**-0.5); W_Q also absorbs the 1/sqrt(Dh) of the scores.
         # (apply() visits an attention layer after its Linear children, so this overrides their W_Q rows.)
-        if isinstance(module, MultiHeadAttention):
+        if isinstance(module, (MultiHeadAttention, CrossAttention)):
             dq = module.n_heads * module.d_head
-            w = module.q.weight if module.cross else module.qkv.weight[:dq]
+            w = module.q.weight if isinstance(module, CrossAttention) else module.qkv.weight[:dq]
             with torch.no_grad():
                 w.normal_(std=(module.d_model * module.d_head) ** -0.5)
         elif isinstance(module, nn.Linear):

@@ -23,7 +23,6 @@ from .._checks import check_probability
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, GatedFeedForward, make_norm
 from ..kv_cache import KVCache
-from ..masks import causal_mask
 from ..training import lm_loss  # re-exported: the one loss of every language model
 from ._hf import activation_from_hf, copy_by_name_map, hf_source
 
@@ -127,22 +126,6 @@ class GPTBlock(Block):
         super().__init__(attn, ffn, norm1, norm2, norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 
-# Parameter names before GPT was built on companion.blocks.Block (checkpoints written then still load).
-_LEGACY_NAMES = (
-    (".ln_1.", ".norm1."), (".attn.c_attn.", ".self_attn.qkv."), (".attn.c_proj.", ".self_attn.out."),
-    (".ln_2.", ".norm2."), (".mlp.", ".ffn."),
-)
-
-
-def _rename_legacy_keys(module, state_dict, prefix, *args) -> None:
-    for key in [k for k in state_dict if k.startswith(prefix + "blocks.")]:
-        new = key
-        for old_part, new_part in _LEGACY_NAMES:
-            new = new.replace(old_part, new_part)
-        if new != key:
-            state_dict[new] = state_dict.pop(key)
-
-
 class GPT(nn.Module):
     """Decoder-only language model: token + position embeddings, ``n_layers`` blocks, a linear head.
 
@@ -176,7 +159,6 @@ class GPT(nn.Module):
             if isinstance(m, (MultiHeadAttention, FeedForward, GatedFeedForward)):
                 w = m.out.weight if isinstance(m, MultiHeadAttention) else m.down.weight
                 nn.init.normal_(w, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        self._register_load_state_dict_pre_hook(_rename_legacy_keys, with_module=True)  # (public API only from torch 2.5)
 
     @property
     def max_positions(self) -> int:
@@ -230,7 +212,7 @@ class GPT(nn.Module):
             keep = attention_mask.bool()  # (B, S)
             # Position of a token = number of real tokens before it (padding takes no position).
             pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
-            mask = causal_mask(t, start + t, device=idx.device) & keep[:, None, None, :]  # (B, 1, T, S)
+            mask = keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask, is_causal=True, cache=cache)

@@ -69,21 +69,13 @@ class PositionLMConfig:
 
 
 class _PositionBlock(Block):
-    """The pre-LN block of :class:`PositionLM` (parameters registered norm1, norm2, attention, FFN, as trained)."""
-
-    registration_order = ("norm1", "norm2", "self_attn", "ffn")
+    """The pre-LN block of :class:`PositionLM`."""
 
     def __init__(self, cfg: PositionLMConfig) -> None:
         norm1, norm2 = make_norm("layernorm", cfg.d_model), make_norm("layernorm", cfg.d_model)
         attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
         ffn = FeedForward(cfg.d_model, cfg.d_ff, activation="gelu")
         super().__init__(attn, ffn, norm1, norm2, norm_first=True)
-
-
-def _rename_legacy_keys(module, state_dict, prefix, *args) -> None:
-    # Checkpoints written before the model was built on companion.blocks.Block call the attention "attn".
-    for key in [k for k in state_dict if k.startswith(prefix + "blocks.") and ".attn." in k]:
-        state_dict[key.replace(".attn.", ".self_attn.")] = state_dict.pop(key)
 
 
 class PositionLM(nn.Module):
@@ -102,7 +94,6 @@ class PositionLM(nn.Module):
         self.blocks = nn.ModuleList(_PositionBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm("layernorm", cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self._register_load_state_dict_pre_hook(_rename_legacy_keys, with_module=True)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` (B, T) -> logits (B, T, V)."""

@@ -30,7 +30,7 @@ from torch import nn
 
 from .._checks import ShapeChecker, check_token_ids
 from ..kv_cache import EncoderDecoderCache
-from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
+from ..masks import cross_attention_mask, padding_mask
 
 __all__ = ["Seq2SeqModel", "EncodedSource"]
 
@@ -109,18 +109,17 @@ class Seq2SeqModel(nn.Module):
         start = 0 if cache is None else cache.length
         t = tgt_in.shape[1]
         self._check_positions("decoder", start, t)
-        if tgt_attention_mask is None:
-            # One new query sees every cached key: no mask at all (the cached decoding step).
-            self_mask = None if t == 1 else causal_mask(t, start + t, device=tgt_in.device)  # (T, start + T)
-        else:
+        # Target padding here; the causal rule (bottom-right when keys are cached) is the kernel's: is_causal below.
+        self_mask = None
+        if tgt_attention_mask is not None:
             sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
-            self_mask = combine_masks(causal_mask(t, start + t, device=tgt_in.device), padding_mask(tgt_attention_mask))
+            self_mask = padding_mask(tgt_attention_mask)  # (B, 1, 1, start + T)
         # No source padding in the batch: no cross-attention mask (one check here instead of one per layer).
         cross_mask = None if bool(src_attention_mask.all()) else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
         bias = self._position_bias(True, t, start + t)  # (1, H, T, start + T) or None
         x = self._embed(tgt_in, start, decoder=True)
         for block in self.decoder:
-            x = block(x, mask=self_mask, context=memory, context_mask=cross_mask, bias=bias, cache=cache)  # (B, T, D)
+            x = block(x, memory, self_mask, cross_mask, is_causal=True, bias=bias, cache=cache)  # (B, T, D)
         return self._finish(x, decoder=True)
 
     def decode(

@@ -35,7 +35,7 @@ from torch import nn
 
 from .._checks import ShapeChecker, check_positive_int, check_probability
 from ..attention import MultiHeadAttention, record_attention
-from ..blocks import TransformerBlock
+from ..blocks import TransformerBlock, TransformerDecoderBlock
 from ..generation import generate
 from ..masks import causal_mask, combine_masks, padding_mask
 from ..positional import sinusoidal_encoding
@@ -126,12 +126,12 @@ class Transformer(Seq2SeqModel):
         self.register_buffer("pe", sinusoidal_encoding(cfg.max_positions, cfg.d_model), persistent=False)  # (P, D)
         self.drop = nn.Dropout(cfg.dropout)
 
-        def layer(cross: bool, i: int) -> TransformerBlock:
-            return TransformerBlock(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=False, cross=cross,
-                                    dropout=cfg.dropout, activation="relu", layer_idx=i)
+        def layer(cls: type, i: int) -> TransformerBlock | TransformerDecoderBlock:
+            return cls(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=False, dropout=cfg.dropout, activation="relu",
+                       layer_idx=i)
 
-        self.encoder = nn.ModuleList(layer(False, i) for i in range(cfg.n_encoder_layers))
-        self.decoder = nn.ModuleList(layer(True, i) for i in range(cfg.n_decoder_layers))
+        self.encoder = nn.ModuleList(layer(TransformerBlock, i) for i in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(layer(TransformerDecoderBlock, i) for i in range(cfg.n_decoder_layers))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
@@ -242,8 +242,8 @@ def _check_torch_layer(layer: nn.Module, kind: type) -> None:
 
 
 @torch.no_grad()
-def block_from_torch_decoder_layer(layer: nn.TransformerDecoderLayer) -> TransformerBlock:
-    """A post-LN decoder :class:`TransformerBlock` (``cross=True``) holding a ``torch.nn.TransformerDecoderLayer``'s weights.
+def block_from_torch_decoder_layer(layer: nn.TransformerDecoderLayer) -> TransformerDecoderBlock:
+    """A post-LN :class:`~companion.blocks.TransformerDecoderBlock` holding a ``torch.nn.TransformerDecoderLayer``'s weights.
 
     torch's ``norm1, norm2, norm3`` follow self-attention, cross-attention and
     the FFN; the companion names are ``norm1, norm_cross, norm2``.
