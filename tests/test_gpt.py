@@ -136,8 +136,15 @@ def test_errors():
     model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
-    with pytest.raises(TypeError, match="long"):
+    with pytest.raises(TypeError, match=r"idx must hold integer token ids \(int64 or int32\)"):
         model(torch.zeros(1, 3))
+    # ids outside the vocabulary are named at the door, not left to torch's "index out of range in self"
+    with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\), got range \[0, 60\]"):
+        model(torch.tensor([[0, 60]]))
+    with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\), got range \[-1, 2\]"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="at least one token"):
+        model(torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="layers"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(2))
 

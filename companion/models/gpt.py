@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_probability
+from .._checks import check_probability, check_token_ids
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, GatedFeedForward, make_norm
 from ..kv_cache import KVCache
@@ -186,10 +186,7 @@ class GPT(nn.Module):
         keys are masked and positions count real tokens only, so a left-padded
         prompt gives the logits it gives alone (what Hugging Face ``generate`` does).
         """
-        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
-            raise TypeError(f"idx must be a torch.long tensor of shape (B, T), got {getattr(idx, 'dtype', type(idx).__name__)}")
-        if idx.dim() != 2 or idx.shape[1] == 0:
-            raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        check_token_ids("idx", idx, self.cfg.vocab_size)
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
