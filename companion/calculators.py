@@ -81,7 +81,7 @@ def t5_sizes_from_hf(hf_config) -> T5Sizes:
     """:class:`T5Sizes` from a Hugging Face ``T5Config`` (or anything with its field names).
 
     A config with the course's names (``n_heads``, ``d_head``, ``n_encoder_layers``,
-    ``n_decoder_layers``, ``num_buckets``, ``gated``, ``tie_embeddings``: the course's
+    ``n_decoder_layers``, ``n_buckets``, ``gated``, ``tie_embeddings``: the course's
     encoder-decoder configured as T5) is read too; one with biases or learned positions
     (BART) is refused, since T5's count has neither.
     """
@@ -93,7 +93,7 @@ def t5_sizes_from_hf(hf_config) -> T5Sizes:
             return T5Sizes(
                 vocab_size=hf_config.vocab_size, d_model=hf_config.d_model, d_head=d_head, n_heads=hf_config.n_heads,
                 d_ff=hf_config.d_ff, n_encoder_layers=hf_config.n_encoder_layers,
-                n_decoder_layers=hf_config.n_decoder_layers, n_buckets=hf_config.num_buckets,
+                n_decoder_layers=hf_config.n_decoder_layers, n_buckets=hf_config.n_buckets,
                 gated=bool(hf_config.gated), tie_embeddings=bool(hf_config.tie_embeddings))
         except AttributeError as err:
             raise TypeError(f"expected a T5-like config, got {type(hf_config).__name__}: {err}") from None

@@ -57,7 +57,7 @@ def build(kind: str, cfg: BertConfig) -> nn.Module:
     gen = BertForMaskedLM(gen_cfg)
     for name in ("token", "position", "segment"):  # the generator shares the discriminator's embeddings
         setattr(gen.bert.embeddings, name, getattr(disc.bert.embeddings, name))
-    gen.mlm.token_embedding = disc.bert.embeddings.token
+    gen.mlm.tok_emb = disc.bert.embeddings.tok_emb
     return nn.ModuleDict({"generator": gen, "discriminator": disc})
 
 

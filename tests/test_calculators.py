@@ -222,7 +222,7 @@ def test_t5_sizes_from_a_config_with_the_course_names():
     from types import SimpleNamespace
 
     ours = SimpleNamespace(vocab_size=97, d_model=24, n_heads=3, d_head=5, d_ff=40, n_encoder_layers=2,
-                           n_decoder_layers=3, num_buckets=7, gated=True, tie_embeddings=False, bias=False,
+                           n_decoder_layers=3, n_buckets=7, gated=True, tie_embeddings=False, bias=False,
                            positions="relative")
     hf = hf_t5_config(vocab_size=97, d_model=24, d_kv=5, num_heads=3, d_ff=40, num_layers=2, num_decoder_layers=3,
                       relative_attention_num_buckets=7, feed_forward_proj="gated-gelu", tie_word_embeddings=False)

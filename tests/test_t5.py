@@ -60,7 +60,7 @@ def test_logits_match_hugging_face_with_encoder_padding(variant):
     model = from_hf_t5(hf)
     proj, tie = VARIANTS[variant]
     assert model.cfg.tie_embeddings is tie and model.cfg.scale_output is tie and model.cfg.gated is (not tie)
-    assert model.cfg.n_decoder_layers == 3 and model.cfg.head_size == 7
+    assert model.cfg.n_decoder_layers == 3 and model.cfg.d_head == 7
     src, att = _batch()
     tgt = torch.randint(2, V, (3, 9), generator=torch.Generator().manual_seed(5))
     tgt[:, 0] = 0
@@ -154,7 +154,7 @@ def test_parameter_count_equals_hugging_face(variant):
     n_hf = sum(p.numel() for p in hf.parameters())  # parameters() lists a tied matrix once
     proj, tie = VARIANTS[variant]
     cfg = t5_config(V, d_model=24, d_kv=7, d_ff=40, n_layers=2, n_decoder_layers=3, n_heads=3,
-                    version="1.0" if tie else "1.1", num_buckets=8, max_distance=20)
+                    version="1.0" if tie else "1.1", n_buckets=8, max_distance=20)
     assert parameter_count(cfg) == n_hf
 
 

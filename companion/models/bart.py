@@ -90,9 +90,9 @@ def config_from_hf_bart(hf_config: Any) -> EncoderDecoderConfig:
 
 def hf_bart_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
     """Our parameter/buffer name -> Hugging Face BART tensor name (fused ``qkv``/``kv`` rows are built by :func:`from_hf_bart`)."""
-    m = {"embed.weight": "model.shared.weight", "final_logits_bias": "final_logits_bias",
-         "encoder_positions.weight": "model.encoder.embed_positions.weight",
-         "decoder_positions.weight": "model.decoder.embed_positions.weight"}
+    m = {"tok_emb.weight": "model.shared.weight", "final_logits_bias": "final_logits_bias",
+         "encoder_pos_emb.weight": "model.encoder.embed_positions.weight",
+         "decoder_pos_emb.weight": "model.decoder.embed_positions.weight"}
     for stack in ("encoder", "decoder"):
         for x in ("weight", "bias"):
             m[f"{stack}_embed_norm.{x}"] = f"model.{stack}.layernorm_embedding.{x}"
@@ -138,7 +138,7 @@ def from_hf_bart(source, *, return_report: bool = False) -> EncoderDecoder | tup
     with torch.device("meta"):
         model = EncoderDecoder(cfg)
     model = model.to_empty(device="cpu")
-    model.lm_head.weight = model.embed.weight
+    model.lm_head.weight = model.tok_emb.weight
     ignore = [r"^model\.(encoder|decoder)\.embed_tokens\.weight$", r"^lm_head\.weight$"]
     report = copy_by_name_map(model, _fused(sd), hf_bart_name_map(cfg), ignore=ignore)
     model.eval()

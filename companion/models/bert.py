@@ -132,9 +132,9 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         e = cfg.embed_dim
-        self.token = nn.Embedding(cfg.vocab_size, e)
-        self.position = nn.Embedding(cfg.max_positions, e)
-        self.segment = nn.Embedding(cfg.n_segments, e)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, e)
+        self.pos_emb = nn.Embedding(cfg.max_positions, e)
+        self.seg_emb = nn.Embedding(cfg.n_segments, e)
         self.norm = make_norm("layernorm", e, cfg.norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
         self.project = nn.Linear(e, cfg.d_model) if e != cfg.d_model else None  # factorised: E -> D
@@ -155,7 +155,7 @@ class BertEmbeddings(nn.Module):
             position_ids = torch.arange(t, device=input_ids.device)  # (T,), broadcast over B
         check_token_ids("position_ids", position_ids, self.cfg.max_positions,
                         ("T",) if position_ids.dim() == 1 else ("B", "T"), sc)
-        x = self.token(input_ids) + self.position(position_ids) + self.segment(segment_ids)  # (B, T, E)
+        x = self.tok_emb(input_ids) + self.pos_emb(position_ids) + self.seg_emb(segment_ids)  # (B, T, E)
         x = self.drop(self.norm(x))
         return x if self.project is None else self.project(x)  # (B, T, D)
 
@@ -204,17 +204,17 @@ class BertModel(nn.Module):
 class MLMHead(nn.Module):
     """``LayerNorm(act(W h + b)) E^T + b_V``: the decoder's weight is the token embedding ``E`` (tied)."""
 
-    def __init__(self, cfg: BertConfig, token_embedding: nn.Embedding) -> None:
+    def __init__(self, cfg: BertConfig, tok_emb: nn.Embedding) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.d_model, cfg.embed_dim)  # D -> E (E = D except in ALBERT/ELECTRA)
         self.activation = cfg.activation  # checked by BertConfig
         self.norm = make_norm("layernorm", cfg.embed_dim, cfg.norm_eps)
-        self.token_embedding = token_embedding  # shared module: the same Parameter, not a copy
+        self.tok_emb = tok_emb  # shared module: the same Parameter, not a copy
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.norm(_ACTIVATION_FNS[self.activation](self.dense(hidden)))  # (B, T, D)
-        return nn.functional.linear(h, self.token_embedding.weight, self.bias)  # (B, T, V): h E^T + b
+        return nn.functional.linear(h, self.tok_emb.weight, self.bias)  # (B, T, V): h E^T + b
 
 
 class BertForMaskedLM(nn.Module):
@@ -224,7 +224,7 @@ class BertForMaskedLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, pooler=False)
-        self.mlm = MLMHead(cfg, self.bert.embeddings.token)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.tok_emb)
         self.mlm.apply(_init_weights)
 
     def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> PreTrainingOutput:
@@ -239,7 +239,7 @@ class BertForPreTraining(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, pooler=True)
-        self.mlm = MLMHead(cfg, self.bert.embeddings.token)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.tok_emb)
         self.nsp = nn.Linear(cfg.d_model, 2)  # 0 = IsNext, 1 = NotNext
         self.mlm.apply(_init_weights)
         _init_weights(self.nsp)
@@ -385,9 +385,9 @@ def _encoder_names(bert: BertModel, ours: str, theirs: str, *, layer: str = "enc
     """
     parts = _BERT_LAYER_NAMES if parts is None else parts
     names = {
-        f"{ours}embeddings.token.weight": f"{theirs}embeddings.word_embeddings.weight",
-        f"{ours}embeddings.position.weight": f"{theirs}embeddings.position_embeddings.weight",
-        f"{ours}embeddings.segment.weight": f"{theirs}embeddings.token_type_embeddings.weight",
+        f"{ours}embeddings.tok_emb.weight": f"{theirs}embeddings.word_embeddings.weight",
+        f"{ours}embeddings.pos_emb.weight": f"{theirs}embeddings.position_embeddings.weight",
+        f"{ours}embeddings.seg_emb.weight": f"{theirs}embeddings.token_type_embeddings.weight",
         f"{ours}embeddings.norm.weight": f"{theirs}embeddings.LayerNorm.weight",
         f"{ours}embeddings.norm.bias": f"{theirs}embeddings.LayerNorm.bias",
     }

@@ -57,7 +57,7 @@ class EncoderDecoderConfig:
     vocab_size: int  # V, one vocabulary for source, target and output
     d_model: int = 512  # D
     n_heads: int = 8  # H
-    d_head: int | None = None  # Dh per head; None: d_model // n_heads (T5's d_kv is independent of D)
+    d_head: int | None = None  # Dh per head; None: d_model // n_heads, filled in (T5's d_kv is independent of D)
     d_ff: int = 2048  # hidden size of the feed-forward network
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
@@ -69,7 +69,7 @@ class EncoderDecoderConfig:
     activation: str = "relu"
     gated: bool = False  # GatedFeedForward (T5 v1.1's gated GELU) instead of FeedForward
     positions: Literal["relative", "learned"] = "relative"
-    num_buckets: int = 32  # relative: T5 buckets
+    n_buckets: int = 32  # relative: T5 buckets
     max_distance: int = 128  # relative: distances beyond share the last bucket
     max_positions: int = 512  # learned: table size (without the offset); relative: longest sequence accepted
     position_offset: int = 0  # learned: row of position 0 (BART: 2)
@@ -87,12 +87,13 @@ class EncoderDecoderConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
-                     "max_positions", "num_buckets", "max_distance"):
+                     "max_positions", "n_buckets", "max_distance"):
             check_positive_int(name, getattr(self, name))
         if self.d_head is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; pass d_head")
-        if self.d_head is not None:
-            check_positive_int("d_head", self.d_head)
+        if self.d_head is None:  # resolved once, so that cfg.d_head is Dh as in every other config
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        check_positive_int("d_head", self.d_head)
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
         if self.positions not in ("relative", "learned"):
@@ -108,21 +109,23 @@ class EncoderDecoderConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} must be an int in [0, vocab_size={self.vocab_size}), got {value!r}")
 
-    @property
-    def head_size(self) -> int:
-        """Dh: ``d_head`` if given, else ``d_model // n_heads``."""
-        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
-
     def replace(self, **changes) -> "EncoderDecoderConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        A ``d_head`` that was ``d_model // n_heads`` follows a new ``d_model`` or
+        ``n_heads`` unless ``d_head`` is passed too.
+        """
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise ValueError(f"unknown config fields: {', '.join(sorted(unknown))}")
+        if {"d_model", "n_heads"} & set(changes) and "d_head" not in changes \
+                and self.d_head == self.d_model // self.n_heads:
+            changes["d_head"] = None
         return replace(self, **changes)
 
 
 def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block | DecoderBlock:
-    attn_kw = dict(d_head=cfg.head_size, bias=cfg.bias, dropout=cfg.dropout, layer_idx=i,
+    attn_kw = dict(d_head=cfg.d_head, bias=cfg.bias, dropout=cfg.dropout, layer_idx=i,
                    scale=None if cfg.scale_attention else 1.0)
 
     def norm() -> nn.Module:
@@ -154,12 +157,12 @@ class EncoderDecoder(Seq2SeqModel):
             raise TypeError(f"expected an EncoderDecoderConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         d = cfg.d_model
-        self.embed = nn.Embedding(cfg.vocab_size, d)  # shared by encoder, decoder (and head if tied)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, d)  # shared by encoder, decoder (and head if tied)
         if cfg.positions == "learned":
-            self.encoder_positions = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
-            self.decoder_positions = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
+            self.encoder_pos_emb = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
+            self.decoder_pos_emb = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
         else:  # computed once per stack, added to the scores of every layer
-            kw = dict(num_buckets=cfg.num_buckets, max_distance=cfg.max_distance)
+            kw = dict(n_buckets=cfg.n_buckets, max_distance=cfg.max_distance)
             self.encoder_bias = RelativePositionBias(cfg.n_heads, bidirectional=True, **kw)
             self.decoder_bias = RelativePositionBias(cfg.n_heads, bidirectional=False, **kw)
         norm_bias = cfg.bias if cfg.norm == "layernorm" else None
@@ -177,7 +180,7 @@ class EncoderDecoder(Seq2SeqModel):
         self.drop = nn.Dropout(cfg.dropout)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+            self.lm_head.weight = self.tok_emb.weight
 
     def _init_weights(self, module: nn.Module) -> None:
         if self.cfg.init == "bart":  # N(0, 0.02) everywhere, zero biases
@@ -198,18 +201,18 @@ class EncoderDecoder(Seq2SeqModel):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=1.0 if module is self.embed else module.embedding_dim ** -0.5)
+            nn.init.normal_(module.weight, std=1.0 if module is self.tok_emb else module.embedding_dim ** -0.5)
         elif isinstance(module, RelativePositionBias):
             nn.init.normal_(module.relative_attention_bias.weight, std=self.cfg.d_model ** -0.5)
 
     # ------------------------------------------------------------------ pieces
     def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
         cfg = self.cfg
-        x = self.embed(ids)  # (B, L, D)
+        x = self.tok_emb(ids)  # (B, L, D)
         if cfg.scale_embeddings:
             x = x * math.sqrt(cfg.d_model)
         if cfg.positions == "learned":
-            table = self.decoder_positions if decoder else self.encoder_positions
+            table = self.decoder_pos_emb if decoder else self.encoder_pos_emb
             pos = torch.arange(start, start + ids.shape[1], device=ids.device) + cfg.position_offset  # (L,)
             x = x + table(pos)
         if cfg.embedding_norm:

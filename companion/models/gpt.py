@@ -143,14 +143,14 @@ class GPT(nn.Module):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # token embedding (V, D)
-        self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)  # learned position embedding
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # token embedding (V, D)
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model)  # learned position embedding
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(GPTBlock(cfg, i, ffn) for i in range(cfg.n_layers))
-        self.ln_f = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
+        self.norm_f = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.wte.weight  # one (V, D) matrix used twice
+            self.lm_head.weight = self.tok_emb.weight  # one (V, D) matrix used twice
         self.apply(self._init_weights)
         # GPT-2 (section 2.3): scale the weights of residual projections by 1/sqrt(N), N = 2 * n_layers:
         # the attention's output projection and every feed-forward network's down projection
@@ -210,10 +210,10 @@ class GPT(nn.Module):
             # Position of a token = number of real tokens before it (padding takes no position).
             pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
             mask = keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, D)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask, is_causal=True, cache=cache)
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)
 
 
 # --------------------------------------------------------------------------- parameter counts
@@ -288,8 +288,8 @@ def from_hf_gpt2(source) -> GPT:
     """A :class:`GPT` holding the weights of a Hugging Face ``GPT2LMHeadModel`` (or its saved folder)."""
     hf_config, sd = hf_source(source)
     model = GPT(config_from_hf(hf_config))
-    names = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
-             "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
+    names = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
+             "norm_f.weight": "transformer.ln_f.weight", "norm_f.bias": "transformer.ln_f.bias",
              **hf_block_names(model, "transformer.")}
     return _load(model, sd, names)
 
@@ -315,7 +315,7 @@ def from_hf_openai_gpt(source) -> GPT:
     """A :class:`GPT` holding the weights of a Hugging Face ``OpenAIGPTLMHeadModel`` (GPT-1), or its saved folder."""
     hf_config, sd = hf_source(source)
     model = GPT(config_from_hf_openai(hf_config))
-    names = {"wte.weight": "transformer.tokens_embed.weight", "wpe.weight": "transformer.positions_embed.weight",
+    names = {"tok_emb.weight": "transformer.tokens_embed.weight", "pos_emb.weight": "transformer.positions_embed.weight",
              **hf_block_names(model, "transformer.")}
     return _load(model, sd, names)
 

@@ -122,7 +122,7 @@ class Transformer(Seq2SeqModel):
         if not isinstance(cfg, TransformerConfig):
             raise TypeError(f"expected a TransformerConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.register_buffer("pe", sinusoidal_encoding(cfg.max_positions, cfg.d_model), persistent=False)  # (P, D)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -138,8 +138,8 @@ class Transformer(Seq2SeqModel):
             # Shared with the output projection, the embedding starts with the scale of a
             # linear layer (std d_model^-0.5); the sqrt(d_model) factor then gives the
             # embedded tokens unit scale, comparable to the positional encoding.
-            nn.init.normal_(self.embed.weight, std=cfg.d_model ** -0.5)
-            self.lm_head.weight = self.embed.weight
+            nn.init.normal_(self.tok_emb.weight, std=cfg.d_model ** -0.5)
+            self.lm_head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -152,7 +152,7 @@ class Transformer(Seq2SeqModel):
 
     def embed_tokens(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         """``Embedding(ids) * sqrt(d_model) + PE[start:start + length]``, then dropout (sections 3.4, 3.5)."""
-        x = self.embed(ids) * math.sqrt(self.cfg.d_model)  # (B, L, D)
+        x = self.tok_emb(ids) * math.sqrt(self.cfg.d_model)  # (B, L, D)
         return self.drop(x + self.pe[start : start + ids.shape[1]])  # (B, L, D)
 
     def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
