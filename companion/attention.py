@@ -65,11 +65,12 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=-3)
 
 
-def _prepare(q, k, v, mask, is_causal):
+def _prepare(q, k, v, mask, is_causal, can_fuse=False):
     """Shared by both backends: repeat grouped key/value heads, fold ``is_causal`` into the mask when needed.
 
     Returns ``k, v, mask, fused_causal, empty_rows``: ``fused_causal`` says the fused
-    kernel may apply its own causal rule (no other mask, as many keys as queries).
+    kernel may apply its own causal rule (``can_fuse``: no bias; no other mask, as many
+    keys as queries); otherwise the causal rule is in the returned mask.
     """
     if q.dim() > 2 and q.shape[-3] != k.shape[-3]:
         n_rep = q.shape[-3] // k.shape[-3]
@@ -79,7 +80,7 @@ def _prepare(q, k, v, mask, is_causal):
     empty_rows = None if mask is None else ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
     fused_causal = False
     if is_causal and t > 1:  # one query (cached decoding) sees every key: nothing to mask
-        if mask is None and t == s:
+        if can_fuse and mask is None and t == s:
             fused_causal = True
         else:
             causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)  # (T, S), bottom-right
@@ -90,10 +91,7 @@ def _prepare(q, k, v, mask, is_causal):
 
 def _weights(q, k, v, mask=None, *, bias=None, is_causal=False, scale=None, head_mask=None, dropout_p=0.0):
     """The manual computation, every step written out: ``(out, weights)``."""
-    k, v, mask, fused_causal, empty_rows = _prepare(q, k, v, mask, is_causal)
-    if fused_causal:  # the manual path builds the mask the fused kernel would imply
-        t = q.shape[-2]
-        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()  # (T, T)
+    k, v, mask, _, empty_rows = _prepare(q, k, v, mask, is_causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if bias is not None:
@@ -119,7 +117,7 @@ def _attend(q, k, v, mask=None, *, bias=None, is_causal=False, scale=None, head_
     if backend == "manual":
         return _weights(q, k, v, mask, bias=bias, is_causal=is_causal, scale=scale, head_mask=head_mask,
                         dropout_p=dropout_p)[0]
-    k, v, mask, fused_causal, empty_rows = _prepare(q, k, v, mask, is_causal)
+    k, v, mask, fused_causal, empty_rows = _prepare(q, k, v, mask, is_causal, can_fuse=bias is None)
     if bias is not None:
         # One float mask: the bias where attending is allowed, finfo.min where not.
         min_value = torch.finfo(q.dtype).min

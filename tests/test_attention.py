@@ -365,3 +365,20 @@ def test_is_causal_fast_path_gradients_equal_the_masked_path():
         grads[name] = [x.grad for x in (q, k, v)]
     for a, b in zip(grads["fast"], grads["masked"]):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+def test_is_causal_combines_once_with_a_padding_mask_and_a_bias(backend):
+    # What a decoder passes: is_causal=True plus a padding mask and/or a bias (T5); the kernel adds the
+    # causal rule once, bottom-right aligned when there are more keys than queries (a cache).
+    q, k, v = qkv(b=2, h=3, t=6, s=6)
+    bias = torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(2))
+    pad = padding_mask(torch.tensor([[1] * 6, [0, 0] + [1] * 4]))  # queries 0, 1 of sequence 1 see nothing
+    for mask, b in ((pad, None), (None, bias), (pad, bias)):
+        want = _reference(q, k, v, causal_mask(6) if mask is None else mask & causal_mask(6), b)
+        got = scaled_dot_product_attention(q, k, v, mask, bias=b, is_causal=True, backend=backend)
+        torch.testing.assert_close(got, want, **TOL)
+    q_new = q[:, :, 4:]  # two new queries over six keys
+    want = _reference(q_new, k, v, causal_mask(2, 6), bias[..., 4:, :])
+    got = scaled_dot_product_attention(q_new, k, v, bias=bias[..., 4:, :], is_causal=True, backend=backend)
+    torch.testing.assert_close(got, want, **TOL)
