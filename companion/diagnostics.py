@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ._checks import ShapeChecker, check_positive_int
+from ._checks import ShapeChecker, check_positive_int, check_token_ids
 from .blocks import NormKind, TransformerBlock, make_norm
 from .data import random_batch
 from .training import TrainConfig, lm_loss, train  # lm_loss re-exported
@@ -94,8 +94,7 @@ class StackLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, keep_hidden: bool = False) -> torch.Tensor:
         """``idx`` (B, T) token ids -> logits (B, T, V)."""
-        sc = ShapeChecker()
-        sc.check("idx", idx, ("B", "T"))
+        check_token_ids("idx", idx, self.cfg.vocab_size)
         t = idx.shape[1]
         if t > self.cfg.max_positions:
             raise ValueError(f"idx has length T={t}, longer than max_positions={self.cfg.max_positions}")

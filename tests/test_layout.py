@@ -212,3 +212,25 @@ def test_package_docstrings_name_every_module():
     assert listed(companion.__doc__, "companion") == public
     models = {p.stem for p in (PACKAGE / "models").glob("*.py") if not p.name.startswith("_")}
     assert listed(companion.models.__doc__, "companion.models") == models
+
+
+def test_small_causal_lms_check_token_ids_alike():
+    """GPT, PositionLM and StackLM share one check of token ids (companion._checks.check_token_ids)."""
+    import pytest
+
+    from companion.diagnostics import StackConfig, StackLM
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.models.position_lm import PositionLM, PositionLMConfig
+
+    models = [GPT(GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2)),
+              PositionLM(PositionLMConfig(vocab_size=10, d_model=8, n_heads=2, d_ff=16)),
+              StackLM(StackConfig(vocab_size=10, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))]
+    for model in models:
+        name = type(model).__name__
+        assert model(torch.tensor([[1, 2, 3]]).int()).shape == (1, 3, 10), name
+        with pytest.raises(TypeError, match=r"idx must hold integer token ids \(int64 or int32\)"):
+            model(torch.ones(1, 3))
+        with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\), got range \[1, 60\]"):
+            model(torch.tensor([[1, 60]]))
+        with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\), got range \[-1, 2\]"):
+            model(torch.tensor([[-1, 2]]))

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .._checks import check_token_ids
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..training import lm_loss  # re-exported: the one loss of every language model
@@ -95,12 +96,11 @@ class PositionLM(nn.Module):
         self.norm_f = make_norm("layernorm", cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """``ids`` (B, T) -> logits (B, T, V)."""
-        if ids.dim() != 2 or ids.dtype != torch.long:
-            raise ValueError(f"ids must be a (B, T) long tensor, got shape {tuple(ids.shape)} and dtype {ids.dtype}")
-        t, cfg, dev = ids.shape[1], self.cfg, ids.device
-        x = self.tok_emb(ids)  # (B, T, D)
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """``idx`` (B, T) token ids -> logits (B, T, V)."""
+        check_token_ids("idx", idx, self.cfg.vocab_size)
+        t, cfg, dev = idx.shape[1], self.cfg, idx.device
+        x = self.tok_emb(idx)  # (B, T, D)
         if cfg.position == "sinusoidal":
             x = x + sinusoidal_encoding(t, cfg.d_model).to(dev)
         elif cfg.position == "learned":
