@@ -65,8 +65,8 @@ def _pair():
                          n_heads=N_HEADS, dropout=0.0, activation="gelu"))
     minimal = MinimalGPT(VOCAB, D_MODEL, N_LAYERS, N_HEADS, BLOCK)
     sd = ours.state_dict()
-    names = {"tok.weight": "wte.weight", "pos.weight": "wpe.weight", "ln_f.weight": "ln_f.weight",
-             "ln_f.bias": "ln_f.bias"}
+    names = {"tok.weight": "tok_emb.weight", "pos.weight": "pos_emb.weight", "ln_f.weight": "norm_f.weight",
+             "ln_f.bias": "norm_f.bias"}
     for i in range(N_LAYERS):
         for a, b in (("ln1", "norm1"), ("ln2", "norm2"), ("qkv", "self_attn.qkv"), ("proj", "self_attn.out"),
                      ("up", "ffn.up"), ("down", "ffn.down")):

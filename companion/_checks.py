@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["ShapeChecker", "check_positive_int", "check_probability"]
+__all__ = ["ShapeChecker", "check_positive_int", "check_probability", "check_token_ids"]
 
 
 def _fmt(dims: Sequence[object]) -> str:
@@ -81,3 +81,32 @@ def check_probability(name: str, value: float) -> float:
     if not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{name} must lie in [0, 1), got {value}")
     return float(value)
+
+
+def check_token_ids(
+    name: str,
+    ids: object,
+    vocab_size: int | None,
+    dims: Sequence[int | str | None] = ("B", "T"),
+    sc: ShapeChecker | None = None,
+) -> torch.Tensor:
+    """Return ``ids`` if it holds token ids a model's embedding can read; raise a clear error otherwise.
+
+    The one rule of every model's ``forward``: a tensor of shape ``dims``
+    (symbols bound in ``sc`` when given) with at least one token on its last
+    axis, of dtype int64 or int32 (what ``nn.Embedding`` takes; ``TypeError``
+    otherwise), each id in ``[0, vocab_size)`` (``ValueError``; ``vocab_size=None``
+    skips the range). Without the range check an id of 60 in a 50-token
+    vocabulary ends in torch's ``IndexError: index out of range in self``.
+    """
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int32):
+        got = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"{name} must hold integer token ids (int64 or int32) of shape {_fmt(dims)}, got {got}")
+    (ShapeChecker() if sc is None else sc).check(name, ids, dims)
+    if ids.shape[-1] == 0:
+        raise ValueError(f"{name} must hold at least one token, got shape {tuple(ids.shape)}")
+    if vocab_size is not None:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"{name} must lie in [0, {vocab_size}), got range [{low}, {high}]")
+    return ids

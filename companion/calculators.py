@@ -14,6 +14,11 @@ Configs understood (one per family, plus T5's sizes):
   (Chapter 4) and :class:`T5Sizes` (T5; :func:`t5_sizes_from_hf` reads a Hugging
   Face ``T5Config``, and any config with the same field names works).
 
+:func:`parameter_count` also takes Chapter 11's
+:class:`~companion.models.encoder_decoder.EncoderDecoderConfig` (T5, BART), counted
+on the model built on the ``meta`` device, and :func:`count_parameters` counts the
+parameters of any built module: the course's one way to count a model.
+
 FLOPs: a multiply-add is 2 FLOPs. A weight matrix of ``n`` entries applied to one
 token costs ``2 n`` FLOPs, hence the rule "2 x parameters per token"; attention adds
 ``4 d_attn S`` per token and layer for a token that looks at ``S`` keys (``Q K^T``
@@ -29,12 +34,16 @@ from dataclasses import dataclass
 
 from ._checks import check_positive_int
 from .kv_cache import kv_cache_bytes
+import torch
+from torch import nn
+
 from .models.bert import BertConfig
+from .models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import GPTConfig, gpt_param_formula
 from .models.transformer import TransformerConfig
 
 __all__ = [
-    "T5Sizes", "t5_sizes_from_hf", "parameter_count", "forward_flops", "generation_kv_cache_bytes",
+    "T5Sizes", "t5_sizes_from_hf", "count_parameters", "parameter_count", "forward_flops", "generation_kv_cache_bytes",
     "attention_score_bytes",
 ]
 
@@ -72,7 +81,7 @@ def t5_sizes_from_hf(hf_config) -> T5Sizes:
     """:class:`T5Sizes` from a Hugging Face ``T5Config`` (or anything with its field names).
 
     A config with the course's names (``n_heads``, ``d_head``, ``n_encoder_layers``,
-    ``n_decoder_layers``, ``num_buckets``, ``gated``, ``tie_embeddings``: the course's
+    ``n_decoder_layers``, ``n_buckets``, ``gated``, ``tie_embeddings``: the course's
     encoder-decoder configured as T5) is read too; one with biases or learned positions
     (BART) is refused, since T5's count has neither.
     """
@@ -84,7 +93,7 @@ def t5_sizes_from_hf(hf_config) -> T5Sizes:
             return T5Sizes(
                 vocab_size=hf_config.vocab_size, d_model=hf_config.d_model, d_head=d_head, n_heads=hf_config.n_heads,
                 d_ff=hf_config.d_ff, n_encoder_layers=hf_config.n_encoder_layers,
-                n_decoder_layers=hf_config.n_decoder_layers, n_buckets=hf_config.num_buckets,
+                n_decoder_layers=hf_config.n_decoder_layers, n_buckets=hf_config.n_buckets,
                 gated=bool(hf_config.gated), tie_embeddings=bool(hf_config.tie_embeddings))
         except AttributeError as err:
             raise TypeError(f"expected a T5-like config, got {type(hf_config).__name__}: {err}") from None
@@ -105,12 +114,16 @@ _CONFIGS = (BertConfig, GPTConfig, TransformerConfig, T5Sizes)
 def _check_config(cfg: object) -> None:
     if not isinstance(cfg, _CONFIGS):
         raise TypeError(f"cfg must be one of {', '.join(c.__name__ for c in _CONFIGS)}, got {type(cfg).__name__}")
-    if isinstance(cfg, GPTConfig) and cfg.n_experts:
-        raise ValueError(f"cfg has n_experts={cfg.n_experts}: a mixture of experts is counted by "
-                         "companion.moe.moe_parameter_counts and companion.moe.moe_layer_flops, not here")
 
 
 # --------------------------------------------------------------------------- parameters
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters of a built module (a tied matrix counts once); works on the meta device."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return sum(p.numel() for p in model.parameters())  # .parameters() already skips duplicates
 
 
 def _bert_parameters(cfg: BertConfig, pooler: bool) -> int:
@@ -140,15 +153,21 @@ def _t5_parameters(cfg: T5Sizes) -> int:
     return cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + encoder + decoder
 
 
-def parameter_count(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes, *, pooler: bool = True) -> int:
+def parameter_count(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes | EncoderDecoderConfig, *,
+                    pooler: bool = True) -> int:
     """Number of distinct parameters of the model ``cfg`` describes (a shared matrix counts once).
 
     ``BertConfig``: :class:`~companion.models.bert.BertModel` (``pooler`` adds BERT's
     D x D pooler); ``GPTConfig``: :class:`~companion.models.gpt.GPT`
     (:func:`~companion.models.gpt.gpt_param_formula`); ``TransformerConfig``: Chapter 4's
     :class:`~companion.models.transformer.Transformer`; ``T5Sizes``: Hugging Face's
-    ``T5ForConditionalGeneration``.
+    ``T5ForConditionalGeneration``; ``EncoderDecoderConfig``: Chapter 11's
+    :class:`~companion.models.encoder_decoder.EncoderDecoder`, built on the ``meta``
+    device (no memory: the configs of 11-billion-parameter models count in milliseconds).
     """
+    if isinstance(cfg, EncoderDecoderConfig):
+        with torch.device("meta"):
+            return count_parameters(EncoderDecoder(cfg))
     _check_config(cfg)
     if not isinstance(pooler, bool):
         raise TypeError(f"pooler must be a bool, got {pooler!r}")

@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ._checks import ShapeChecker, check_positive_int
+from ._checks import ShapeChecker, check_positive_int, check_token_ids
 from .blocks import NormKind, TransformerBlock, make_norm
 from .data import random_batch
 from .training import TrainConfig, lm_loss, train  # lm_loss re-exported
@@ -74,15 +74,15 @@ class StackLM(nn.Module):
     def __init__(self, cfg: StackConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.blocks = nn.ModuleList(
             TransformerBlock(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=cfg.norm_first, norm=cfg.norm)
             for _ in range(cfg.n_layers)
         )
         final = cfg.norm_first if cfg.final_norm is None else cfg.final_norm
         self.norm_f = make_norm(cfg.norm, cfg.d_model) if final else nn.Identity()
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.hidden: list[torch.Tensor] = []
         if cfg.init == "xavier":
             for m in self.modules():
@@ -94,12 +94,11 @@ class StackLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, keep_hidden: bool = False) -> torch.Tensor:
         """``idx`` (B, T) token ids -> logits (B, T, V)."""
-        sc = ShapeChecker()
-        sc.check("idx", idx, ("B", "T"))
+        check_token_ids("idx", idx, self.cfg.vocab_size)
         t = idx.shape[1]
         if t > self.cfg.max_positions:
             raise ValueError(f"idx has length T={t}, longer than max_positions={self.cfg.max_positions}")
-        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))  # (B, T, D)
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))  # (B, T, D)
         self.hidden = []
         if keep_hidden:
             x.retain_grad()
@@ -109,7 +108,7 @@ class StackLM(nn.Module):
             if keep_hidden:
                 x.retain_grad()
                 self.hidden.append(x)
-        return self.head(self.norm_f(x))  # (B, T, V)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)
 
 
 def block_grad_norms(model: StackLM, param: str | None = None) -> torch.Tensor:

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import check_token_ids
+
 __all__ = [
     "IGNORE_INDEX", "MaskingDraws", "draw_mlm", "apply_mlm_draws", "mask_tokens", "special_tokens_mask",
     "static_masking", "DynamicMasking", "NSPPair", "make_nsp_pairs", "pack_full_sentences",
@@ -50,13 +52,8 @@ IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cr
 
 
 def _check_ids(name: str, x: object) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(x).__name__}")
-    if x.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {x.dtype}")
-    if x.dim() not in (1, 2):
-        raise ValueError(f"{name} must have shape (T,) or (B, T), got {tuple(x.shape)}")
-    return x
+    """Token ids of shape (T,) or (B, T): :func:`companion._checks.check_token_ids`'s rule, with either rank."""
+    return check_token_ids(name, x, None, ("T",) if isinstance(x, torch.Tensor) and x.dim() == 1 else ("B", "T"))
 
 
 def _check_fraction(name: str, value: float) -> float:

@@ -23,7 +23,10 @@ to which expert, after capacity) and the combine weights; :class:`MoEFeedForward
 is a drop-in for :class:`companion.blocks.FeedForward` that computes the experts
 batched (each expert runs once on its gathered tokens; outputs are scattered
 back with ``index_add``). :func:`moe_reference` is the obvious per-token loop it
-is tested against. Weights of Hugging Face's ``SwitchTransformersSparseMLP`` load
+is tested against. A GPT whose every feed-forward network is a mixture is
+built by composition, :func:`moe_gpt` with a :class:`MoEConfig`: the course's
+:class:`~companion.models.gpt.GPT` takes the factory of its feed-forward networks
+and knows nothing of experts. Weights of Hugging Face's ``SwitchTransformersSparseMLP`` load
 with :func:`from_hf_switch_mlp`.
 
 Capacity is counted per call and sequence: in cached decoding (one new token per
@@ -36,6 +39,7 @@ Shape legend: B groups (sequences), T tokens per group, D model size, E experts.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -44,8 +48,9 @@ from torch import nn
 
 from ._checks import check_positive_int
 from .blocks import FeedForward
+from .models.gpt import GPT, GPTConfig
 
-__all__ = ["moe_aux_loss", "moe_parameter_counts", "moe_layer_flops", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
+__all__ = ["MoEConfig", "moe_gpt", "moe_aux_loss", "moe_parameter_counts", "moe_layer_flops", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
            "expert_load", "drop_rate", "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
 
 
@@ -198,6 +203,43 @@ class MoEFeedForward(nn.Module):
                 y = expert(flat.index_select(0, idx)) * combine.index_select(0, idx)[:, e:e + 1]
                 out.index_add_(0, idx, y)  # dropped tokens stay 0: the residual carries them
         return out.view_as(x)
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """How every feed-forward network of :func:`moe_gpt` becomes a mixture of experts."""
+
+    n_experts: int  # E, expert FFNs per layer (each as wide as the dense FFN it replaces)
+    top_k: int = 1  # experts per token (1: Switch, 2: GShard/Mixtral)
+    capacity_factor: float = 1.25  # expert capacity = factor * top_k * tokens per sequence / n_experts
+
+    def __post_init__(self) -> None:
+        check_positive_int("n_experts", self.n_experts)
+        if self.top_k not in (1, 2) or isinstance(self.top_k, bool):
+            raise ValueError(f"top_k must be 1 or 2, got {self.top_k!r}")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
+        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) \
+                or not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be a positive number, got {self.capacity_factor!r}")
+
+
+def moe_gpt(cfg: GPTConfig, moe: MoEConfig) -> GPT:
+    """The course's :class:`~companion.models.gpt.GPT` of ``cfg`` with a :class:`MoEFeedForward` in every block.
+
+    Each expert has the dense FFN's size, activation and biases (``cfg.ff_size``,
+    ``cfg.activation``, ``cfg.bias``); the router has no bias. Everything else,
+    including GPT-2's scaled initialisation of every residual projection (each
+    expert's ``down``), is the dense GPT's.
+    """
+    if not isinstance(moe, MoEConfig):
+        raise TypeError(f"moe must be a MoEConfig, got {type(moe).__name__}")
+
+    def ffn(cfg: GPTConfig, layer_idx: int) -> MoEFeedForward:
+        return MoEFeedForward(cfg.d_model, cfg.ff_size, moe.n_experts, top_k=moe.top_k,
+                              capacity_factor=moe.capacity_factor, activation=cfg.activation, bias=cfg.bias)
+
+    return GPT(cfg, ffn=ffn)
 
 
 def moe_reference(layer: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:

@@ -150,7 +150,7 @@ def relative_position_bucket(
     relative_position: torch.Tensor,
     *,
     bidirectional: bool = True,
-    num_buckets: int = 32,
+    n_buckets: int = 32,
     max_distance: int = 128,
 ) -> torch.Tensor:
     """T5's bucket index of each relative position (Raffel et al., 2020; Mesh TensorFlow).
@@ -165,20 +165,20 @@ def relative_position_bucket(
     Args:
         relative_position: integer tensor of ``key - query`` positions, any shape.
         bidirectional: encoder (True) or decoder (False) buckets.
-        num_buckets: total number of buckets (T5 uses 32).
+        n_buckets: total number of buckets (T5 uses 32).
         max_distance: distance from which all positions share the last bucket (T5: 128).
 
     Returns:
-        ``torch.long`` tensor of the same shape, values in ``[0, num_buckets)``.
+        ``torch.long`` tensor of the same shape, values in ``[0, n_buckets)``.
     """
     if not isinstance(relative_position, torch.Tensor) or relative_position.dtype.is_floating_point:
         got = relative_position.dtype if isinstance(relative_position, torch.Tensor) else type(relative_position).__name__
         raise TypeError(f"relative_position must be an integer tensor, got {got}")
-    check_positive_int("num_buckets", num_buckets)
+    check_positive_int("n_buckets", n_buckets)
     check_positive_int("max_distance", max_distance)
     rel = relative_position.long()
     bucket = torch.zeros_like(rel)
-    n = num_buckets
+    n = n_buckets
     if bidirectional:
         n //= 2
         bucket = bucket + (rel > 0).long() * n  # keys after the query use the upper half
@@ -187,7 +187,7 @@ def relative_position_bucket(
         distance = (-rel).clamp(min=0)  # future keys (masked anyway) count as distance 0
     max_exact = n // 2
     if max_exact < 1:
-        raise ValueError(f"num_buckets={num_buckets} is too small: need at least {4 if bidirectional else 2}")
+        raise ValueError(f"n_buckets={n_buckets} is too small: need at least {4 if bidirectional else 2}")
     if max_distance <= max_exact:
         raise ValueError(f"max_distance must exceed the {max_exact} exact buckets, got {max_distance}")
     # The same float32 arithmetic as Mesh TensorFlow / HF, so bucket edges agree exactly.
@@ -204,18 +204,18 @@ class RelativePositionBias(nn.Module):
     returns ``(1, H, T, S)``, to be added to ``q k^T`` before the softmax.
     """
 
-    def __init__(self, n_heads: int, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128) -> None:
+    def __init__(self, n_heads: int, *, bidirectional: bool = True, n_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
         self.n_heads = check_positive_int("n_heads", n_heads)
-        self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
+        self.bidirectional, self.n_buckets, self.max_distance = bidirectional, n_buckets, max_distance
         relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional=bidirectional,
-                                 num_buckets=num_buckets, max_distance=max_distance)  # validate the sizes now
-        self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)  # HF T5's name for the table
+                                 n_buckets=n_buckets, max_distance=max_distance)  # validate the sizes now
+        self.relative_attention_bias = nn.Embedding(n_buckets, n_heads)  # HF T5's name for the table
 
     def forward(self, t: int, s: int | None = None) -> torch.Tensor:
         rel = relative_positions(t, s, device=self.relative_attention_bias.weight.device)  # (T, S)
         buckets = relative_position_bucket(rel, bidirectional=self.bidirectional,
-                                           num_buckets=self.num_buckets, max_distance=self.max_distance)
+                                           n_buckets=self.n_buckets, max_distance=self.max_distance)
         bias = self.relative_attention_bias(buckets)  # (T, S, H)
         return bias.permute(2, 0, 1)[None]  # (1, H, T, S)
 

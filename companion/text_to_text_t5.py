@@ -121,7 +121,7 @@ class TextToTextRecipe:
     # T5's 32 buckets are exact only up to distance 7 in the encoder; 64 buckets with max_distance 64
     # are exact up to 15, the whole span of the digits. With 32 buckets (2 layers, 1500 steps) reverse
     # stayed at 0% exact match, sort at 18%; with 64 buckets and 2 layers, the same.
-    num_buckets: int = 64
+    n_buckets: int = 64
     max_distance: int = 64
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=2700, lr=2e-3, warmup_steps=100,
                                                                    weight_decay=0.01, eval_every=250))
@@ -133,7 +133,7 @@ class TextToTextRecipe:
     def model_config(self, vocab: CharVocab) -> EncoderDecoderConfig:
         return t5_config(len(vocab), d_model=self.d_model, d_kv=self.d_kv, d_ff=self.d_ff, n_layers=self.n_layers,
                          n_heads=self.n_heads, version=self.version, dropout=0.0, max_positions=64,
-                         num_buckets=self.num_buckets, max_distance=self.max_distance,
+                         n_buckets=self.n_buckets, max_distance=self.max_distance,
                          pad_id=vocab.pad_id, eos_id=vocab.eos_id)
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from companion.data import load_pydoc_text
-from companion.models.bert import BertConfig, BertForMaskedLM, count_parameters
+from companion.models.bert import BertConfig, BertForMaskedLM
+from companion.calculators import count_parameters
 from companion.pretraining import (build_mlm_blocks, corpus_documents, evaluate_mlm, mask_held_out,
                                    mlm_baselines, pretrain_mlm, split_blocks)
 from companion.tokenizers.wordpiece import train_wordpiece

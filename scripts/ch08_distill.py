@@ -24,7 +24,7 @@ import torch
 
 from companion.data import load_pydoc_text
 from companion.distillation import distillation_loss, student_from_teacher
-from companion.models.bert import count_parameters
+from companion.calculators import count_parameters
 from companion.pretraining import (build_mlm_blocks, corpus_documents, evaluate_mlm, load_tiny_bert, mask_held_out,
                                    masked_batches, mlm_loss, split_blocks)
 from companion.training import TrainConfig, train

@@ -33,8 +33,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from companion.data import load_pydoc_text
 from companion.finetuning import capitalisation_task, finetune, replaced_word_task, split_task
-from companion.models.bert import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForTokenClassification,
-                                   count_parameters)
+from companion.models.bert import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForTokenClassification)
+from companion.calculators import count_parameters
 from companion.models.electra import ElectraDiscriminator, electra_loss
 from companion.pretraining import (build_mlm_blocks, corpus_documents, load_tiny_bert, masked_batches, mlm_loss,
                                    split_blocks)
@@ -57,7 +57,7 @@ def build(kind: str, cfg: BertConfig) -> nn.Module:
     gen = BertForMaskedLM(gen_cfg)
     for name in ("token", "position", "segment"):  # the generator shares the discriminator's embeddings
         setattr(gen.bert.embeddings, name, getattr(disc.bert.embeddings, name))
-    gen.mlm.token_embedding = disc.bert.embeddings.token
+    gen.mlm.tok_emb = disc.bert.embeddings.tok_emb
     return nn.ModuleDict({"generator": gen, "discriminator": disc})
 
 

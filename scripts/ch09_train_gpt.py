@@ -22,7 +22,8 @@ import torch
 
 from companion.device import pick_device
 from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from companion.models.gpt import GPT, GPTConfig, count_parameters, evaluate_lm, lm_loss
+from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
+from companion.calculators import count_parameters
 from companion.training import TrainConfig, train
 
 # The shipped run. Sizes follow the chapter: 4 pre-LN blocks of width 128 (0.8M parameters).

@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=default.train.steps)
     parser.add_argument("--lr", type=float, default=default.train.lr)
-    parser.add_argument("--buckets", type=int, default=default.num_buckets)
+    parser.add_argument("--buckets", type=int, default=default.n_buckets)
     parser.add_argument("--max-distance", type=int, default=default.max_distance)
     parser.add_argument("--layers", type=int, default=default.n_layers)
     parser.add_argument("--threads", type=int, default=1)
@@ -48,7 +48,7 @@ def main() -> None:
     train_cfg = dataclasses.replace(default.train, steps=args.steps, lr=args.lr,
                                     warmup_steps=min(default.train.warmup_steps, args.steps),
                                     eval_every=min(default.train.eval_every, args.steps))
-    recipe = dataclasses.replace(default, train=train_cfg, num_buckets=args.buckets, max_distance=args.max_distance,
+    recipe = dataclasses.replace(default, train=train_cfg, n_buckets=args.buckets, max_distance=args.max_distance,
                                  n_layers=args.layers)
     out = train_text_to_text(recipe, progress=True)
     model, vocab, record = out["model"], out["vocab"], out["record"]

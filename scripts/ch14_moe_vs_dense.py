@@ -33,15 +33,16 @@ from pathlib import Path
 import torch
 
 from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from companion.models.gpt import GPT, GPTConfig, count_parameters, evaluate_lm, lm_loss
-from companion.moe import MoEFeedForward, drop_rate, expert_load, moe_aux_loss, moe_parameter_counts
+from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
+from companion.calculators import count_parameters
+from companion.moe import MoEConfig, MoEFeedForward, drop_rate, expert_load, moe_aux_loss, moe_gpt, moe_parameter_counts
 from companion.training import TrainConfig, lr_at
 
 SEED = 0
 SEQ_LEN = 64
 BATCH_SIZE = 32
 MODEL = dict(max_positions=SEQ_LEN, d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.0)
-MOE = dict(n_experts=4, expert_top_k=1, capacity_factor=1.25)
+MOE = MoEConfig(n_experts=4, top_k=1, capacity_factor=1.25)
 TRAIN = TrainConfig(steps=2000, lr=3e-3, warmup_steps=50, min_lr_ratio=0.1, weight_decay=0.1, eval_every=100)
 BALANCE_WEIGHT, Z_WEIGHT = 0.01, 0.001  # Switch (section 2.2) and ST-MoE (section 3.1)
 EVAL_CHARS = 8192  # held-out characters for the curves (the final losses use the whole split)
@@ -93,11 +94,10 @@ def main() -> None:
     tok = CharTokenizer(text)
     train_ids, val_ids = train_val_split(tok.encode(text), VAL_FRACTION)
     dense_cfg = GPTConfig(vocab_size=tok.vocab_size, **MODEL)
-    moe_cfg = dataclasses.replace(dense_cfg, **MOE)
     torch.manual_seed(SEED)
     dense = GPT(dense_cfg)
     torch.manual_seed(SEED)
-    moe = GPT(moe_cfg)
+    moe = moe_gpt(dense_cfg, MOE)
     init_sweep = capacity_sweep(moe, val_ids)
     models = {"dense": dense, "moe": moe}
     opts = {name: make_optimizer(m, tcfg) for name, m in models.items()}
@@ -105,7 +105,7 @@ def main() -> None:
     n_moe = len(moe_layers(moe))
     record = {name: {"train_loss": [], "eval_steps": [], "eval_loss": [], "eval_seconds": [], "seconds": 0.0}
               for name in models}
-    load_sum = torch.zeros(n_moe, moe_cfg.n_experts)
+    load_sum = torch.zeros(n_moe, MOE.n_experts)
     drops, aux_hist = [], {"load_balancing": [], "z": []}
     load_curve, drop_curve = [], []  # per evaluation interval: mean expert load per layer, mean drop rate
     for step in range(tcfg.steps):
@@ -150,7 +150,7 @@ def main() -> None:
     result = {
         "seed": SEED, "threads": args.threads, "steps": tcfg.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
         "train_config": dataclasses.asdict(tcfg), "balance_weight": BALANCE_WEIGHT, "z_weight": Z_WEIGHT,
-        "dense_config": dataclasses.asdict(dense_cfg), "moe_config": dataclasses.asdict(moe_cfg),
+        "dense_config": dataclasses.asdict(dense_cfg), "moe_config": {**dataclasses.asdict(dense_cfg), **dataclasses.asdict(MOE)},
         "parameters": {"dense": moe_parameter_counts(dense), "moe": moe_parameter_counts(moe)},
         "final_val_loss": {name: round(evaluate_lm(m, val_ids, SEQ_LEN), 4) for name, m in models.items()},
         "wall_seconds": {name: round(r["seconds"], 1) for name, r in record.items()},
@@ -163,7 +163,7 @@ def main() -> None:
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "ch14_moe_vs_dense.json").write_text(json.dumps(result, indent=1))
-    torch.save({"config": dataclasses.asdict(moe_cfg), "state_dict": moe.state_dict(), "chars": tok.chars,
+    torch.save({"config": dataclasses.asdict(dense_cfg), "moe": dataclasses.asdict(MOE), "state_dict": moe.state_dict(), "chars": tok.chars,
                 "seed": SEED, "steps": tcfg.steps}, args.out_dir / "ch14_moe_gpt.pt")
     print(json.dumps({k: result[k] for k in ("final_val_loss", "wall_seconds", "at_equal_time", "parameters")}))
 

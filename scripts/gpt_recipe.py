@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from companion.models.gpt import GPT, GPTConfig, count_parameters, evaluate_lm, lm_loss
+from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
+from companion.calculators import count_parameters
 from companion.training import TrainConfig, train
 
 EVAL_WINDOW = 64

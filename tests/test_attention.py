@@ -338,7 +338,7 @@ def test_unscaled_attention_with_relative_bias_and_padding_equals_hugging_face_t
     torch.manual_seed(0)
     hf = T5Attention(cfg, has_relative_attention_bias=True).eval()
     ours = MultiHeadAttention(20, 4, d_head=6, scale=1.0, bias=False).eval()  # T5: no 1/sqrt(Dh), no biases
-    rel = RelativePositionBias(4, bidirectional=True, num_buckets=8, max_distance=16)
+    rel = RelativePositionBias(4, bidirectional=True, n_buckets=8, max_distance=16)
     with torch.no_grad():
         ours.qkv.weight.copy_(torch.cat([hf.q.weight, hf.k.weight, hf.v.weight]))
         ours.out.weight.copy_(hf.o.weight)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from companion.models.bart import bart_config, from_hf_bart, load_pretrained_bart
-from companion.models.encoder_decoder import EncoderDecoder, config_differences, generate_seq2seq, parameter_count
+from companion.models.encoder_decoder import EncoderDecoder, config_differences, generate_seq2seq
+from companion.calculators import parameter_count
 from companion.models.t5 import t5_config
 
 transformers = pytest.importorskip("transformers")
@@ -77,8 +78,8 @@ def test_position_offset_is_two():
         memory = model.encode(src, att)
         torch.testing.assert_close(memory[real], ref[0][real], atol=ATOL, rtol=ATOL)
         torch.testing.assert_close(model.decode_hidden(tgt, memory, att), ref[1], atol=ATOL, rtol=ATOL)
-        assert model.encoder_positions.weight.shape[0] == 40 + 2
-        for table in (model.encoder_positions, model.decoder_positions):
+        assert model.encoder_pos_emb.weight.shape[0] == 40 + 2
+        for table in (model.encoder_pos_emb, model.decoder_pos_emb):
             table.weight.copy_(table.weight.roll(2, dims=0))  # position p now finds row p's old content
         memory = model.encode(src, att)
         assert (memory[real] - ref[0][real]).abs().max() > 0.1

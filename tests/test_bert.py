@@ -10,8 +10,9 @@ import torch
 from companion.models.bert import (
     BERT_BASE, BERT_LARGE, BertConfig, BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,
     BertForSequenceClassification, BertForTokenClassification, BertModel,
-    count_parameters, from_hf_bert, load_pretrained, mean_pool,
+    from_hf_bert, load_pretrained, mean_pool,
 )
+from companion.calculators import count_parameters
 
 transformers = pytest.importorskip("transformers")
 
@@ -86,13 +87,13 @@ def test_masked_lm_matches_and_has_no_pooler():
 
 def test_mlm_decoder_is_the_token_embedding():
     model = BertForPreTraining(BertConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_positions=16))
-    assert model.mlm.token_embedding.weight is model.bert.embeddings.token.weight
+    assert model.mlm.tok_emb.weight is model.bert.embeddings.tok_emb.weight
     ids = torch.randint(0, 50, (2, 5))
     model(ids).mlm_logits.sum().backward()
     # the one matrix gets gradient from both uses: the input lookup and the output projection
-    assert model.bert.embeddings.token.weight.grad.abs().sum() > 0
+    assert model.bert.embeddings.tok_emb.weight.grad.abs().sum() > 0
     names = [n for n, _ in model.named_parameters()]
-    assert not any("mlm.token_embedding" in n for n in names)
+    assert not any("mlm.tok_emb" in n for n in names)
 
 
 def test_padding_does_not_change_real_tokens():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from companion.models.albert import ALBERT_CONFIGS, from_hf_albert
-from companion.models.bert import BertConfig, BertForMaskedLM, BertModel, count_parameters, padding_position_ids
+from companion.models.bert import BertConfig, BertForMaskedLM, BertModel, padding_position_ids
+from companion.calculators import count_parameters
 from companion.models.electra import (ElectraDiscriminator, corrupt_with_generator, electra_loss, from_hf_electra,
                                       replaced_token_labels)
 from companion.models.roberta import ROBERTA_BASE, from_hf_roberta
@@ -182,7 +183,7 @@ def test_electra_loss_weights_the_discriminator_by_lambda():
     assert torch.allclose(loss.total, loss.generator + 50.0 * loss.discriminator)
     assert 0.0 < loss.replaced_fraction <= 1 / 3 + 1e-6  # only masked positions can change
     loss.total.backward()
-    assert gen.bert.embeddings.token.weight.grad is not None and disc.out.weight.grad is not None
+    assert gen.bert.embeddings.tok_emb.weight.grad is not None and disc.out.weight.grad is not None
 
 
 def test_recorded_electra_vs_bert_run_has_equal_compute():

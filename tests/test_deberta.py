@@ -61,7 +61,7 @@ def test_relative_rows_are_antisymmetric_around_the_middle():
     {},  # DeBERTa-v3's layout: relative positions only
     {"position_biased_input": True, "type_vocab_size": 2, "norm_rel_ebd": "none"},  # v2 with absolute positions
 ])
-@pytest.mark.parametrize("t", [7, 40])  # 40 > position_buckets: the log buckets are used
+@pytest.mark.parametrize("t", [7, 40])  # 40 > n_position_buckets: the log buckets are used
 def test_encoder_matches_hugging_face_with_padding(kw, t):
     hf = _hf(**kw)
     ours = from_hf_deberta_v2(hf)
@@ -93,13 +93,13 @@ def test_one_layer_attention_matches_and_position_terms_matter():
 
 
 def test_config_and_loader_errors():
-    with pytest.raises(ValueError, match="position_buckets"):
-        DebertaConfig(position_buckets=7)
+    with pytest.raises(ValueError, match="n_position_buckets"):
+        DebertaConfig(n_position_buckets=7)
     with pytest.raises(ValueError, match="share_att_key"):
         from_hf_deberta_v2(_hf(share_att_key=False))
     with pytest.raises(ValueError, match="pos_att_type"):
         from_hf_deberta_v2(_hf(pos_att_type=["c2p"]))
     model = DebertaModel(DebertaConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_positions=16,
-                                       position_buckets=8))
+                                       n_position_buckets=8))
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.zeros(1, 17, dtype=torch.long))

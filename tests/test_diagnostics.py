@@ -53,8 +53,8 @@ def test_lm_loss_is_cross_entropy_and_uniform_at_zero_logits():
     want = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
     torch.testing.assert_close(lm_loss(model, (x, y)), want)
     with torch.no_grad():
-        model.head.weight.zero_()
-        model.head.bias.zero_()
+        model.lm_head.weight.zero_()
+        model.lm_head.bias.zero_()
     torch.testing.assert_close(lm_loss(model, (x, y)), torch.log(torch.tensor(float(V))))
 
 

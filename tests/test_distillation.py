@@ -21,8 +21,8 @@ def test_student_takes_every_other_teacher_block():
         for (n_s, p_s), (n_t, p_t) in zip(student.bert.blocks[j].named_parameters(),
                                           teacher.bert.blocks[i].named_parameters()):
             assert n_s == n_t and torch.equal(p_s, p_t) and p_s.data_ptr() != p_t.data_ptr()
-    assert torch.equal(student.bert.embeddings.token.weight, teacher.bert.embeddings.token.weight)
-    assert student.mlm.token_embedding.weight is student.bert.embeddings.token.weight  # still tied
+    assert torch.equal(student.bert.embeddings.tok_emb.weight, teacher.bert.embeddings.tok_emb.weight)
+    assert student.mlm.tok_emb.weight is student.bert.embeddings.tok_emb.weight  # still tied
     student.bert.blocks[0].norm1.weight.data.add_(1.0)
     assert not torch.equal(student.bert.blocks[0].norm1.weight, teacher.bert.blocks[0].norm1.weight)
     with pytest.raises(ValueError, match="keep"):

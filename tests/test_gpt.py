@@ -11,8 +11,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPT
 from companion.kv_cache import KVCache
 from companion.models.gpt import (
     GPT, GPT1, GPT2_LARGE, GPT2_MEDIUM, GPT2_SMALL, GPT2_XL, GPT3_175B, GPTConfig,
-    count_parameters, from_hf_gpt2, from_hf_openai_gpt, gpt_param_formula,
+    from_hf_gpt2, from_hf_openai_gpt, gpt_param_formula,
 )
+from companion.calculators import count_parameters
 
 
 def _hf_gpt2(seed: int = 0, **kw) -> GPT2LMHeadModel:
@@ -135,15 +136,22 @@ def test_errors():
     model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
-    with pytest.raises(TypeError, match="long"):
+    with pytest.raises(TypeError, match=r"idx must hold integer token ids \(int64 or int32\)"):
         model(torch.zeros(1, 3))
+    # ids outside the vocabulary are named at the door, not left to torch's "index out of range in self"
+    with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\), got range \[0, 60\]"):
+        model(torch.tensor([[0, 60]]))
+    with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\), got range \[-1, 2\]"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="at least one token"):
+        model(torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="layers"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=KVCache(2))
 
 
 def test_tied_embeddings_share_storage():
     model = GPT(GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2))
-    assert model.lm_head.weight is model.wte.weight
+    assert model.lm_head.weight is model.tok_emb.weight
 
 
 @pytest.mark.parametrize("cfg", [GPT1, GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE, GPT2_XL, GPT3_175B])
@@ -199,6 +207,36 @@ def test_shipped_configs_use_the_course_names():
     settings = load_checkpoint("ch05_warmup")["settings"]
     assert not retired & set(settings)
     assert StackConfig(vocab_size=11, n_layers=2, **settings).max_positions == 64
+
+
+def test_every_shipped_checkpoint_uses_the_course_names():
+    """Every stored config builds today's config, and no state-dict key holds a retired attribute name."""
+    from companion.checkpoints import checkpoint_names, load_checkpoint
+    from companion.models.bert import BertConfig
+    from companion.models.encoder_decoder import EncoderDecoderConfig
+    from companion.moe import MoEConfig
+
+    retired_fields = {"num_buckets", "head_size", "n_experts_per_token", "block_size", "n_positions", "n_embd"}
+    retired_parts = {"wte", "wpe", "ln_f", "embed", "tok", "token", "position", "segment", "pos", "head", "norm",
+                     "token_embedding", "encoder_positions", "decoder_positions", "attn"}
+    builds = {"ch07_tiny_bert": BertConfig, "ch09_tiny_gpt": GPTConfig, "ch11_text_to_text": EncoderDecoderConfig,
+              "ch14_moe_gpt": GPTConfig}
+    for name in checkpoint_names():
+        ckpt = load_checkpoint(name)
+        if name in builds:
+            assert not retired_fields & set(ckpt["config"]), name
+            builds[name](**ckpt["config"])
+        if name == "ch14_moe_gpt":
+            MoEConfig(**ckpt["moe"])
+        states = [ckpt["state_dict"]] if "state_dict" in ckpt else [v for v in ckpt.values() if isinstance(v, dict)
+                                                                   and all(torch.is_tensor(t) for t in v.values())]
+        for state in states:
+            for key in state:
+                if key.startswith(("bert.", "mlm.")):  # BERT's embedding and MLM-head LayerNorms are "norm"
+                    assert key.split(".")[1] not in retired_parts - {"norm"}, (name, key)
+                else:
+                    assert key.split(".")[0] not in retired_parts, (name, key)
+                assert ".embeddings.token." not in key and ".attn." not in key, (name, key)
 
 
 # ---------------------------------------------------------------- the loader helper

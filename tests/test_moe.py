@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -107,12 +109,13 @@ def test_bad_inputs():
 
 
 def test_moe_gpt_trains_and_reports_auxiliary_losses():
-    from companion.models.gpt import GPT, GPTConfig, count_parameters
-    from companion.moe import moe_aux_loss
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.calculators import count_parameters
+    from companion.moe import MoEConfig, moe_aux_loss, moe_gpt
 
     torch.manual_seed(0)
     dense = GPT(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2))
-    moe = GPT(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2, n_experts=4))
+    moe = moe_gpt(GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2), MoEConfig(n_experts=4))
     assert all(isinstance(b.ffn, MoEFeedForward) for b in moe.blocks)
     ffn_params = count_parameters(dense.blocks[0].ffn)  # each expert is one dense FFN
     expert_params = count_parameters(moe.blocks[0].ffn.experts[0])
@@ -144,12 +147,12 @@ def test_flops_counted_by_torch_equal_the_formula(top_k):
 
 def test_active_and_total_parameters_by_hand():
     from companion.models.gpt import GPT, GPTConfig
-    from companion.moe import moe_parameter_counts
+    from companion.moe import MoEConfig, moe_gpt, moe_parameter_counts
 
     cfg = dict(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
     dense = GPT(GPTConfig(**cfg))
     for top_k in (1, 2):
-        moe = GPT(GPTConfig(**cfg, n_experts=4, expert_top_k=top_k))
+        moe = moe_gpt(GPTConfig(**cfg), MoEConfig(n_experts=4, top_k=top_k))
         counts = moe_parameter_counts(moe)
         expert = 16 * 32 + 32 + 32 * 16 + 16  # one FFN with biases
         router = 16 * 4
@@ -191,11 +194,12 @@ def test_top2_load_balancing_loss_equals_hugging_face_with_two_choices():
 
 
 def test_moe_gpt_scales_expert_output_projections_like_the_dense_ffn():
-    from companion.models.gpt import GPT, GPTConfig
+    from companion.models.gpt import GPTConfig
+    from companion.moe import MoEConfig, moe_gpt
 
     torch.manual_seed(0)
     cfg = dict(vocab_size=20, max_positions=16, d_model=64, n_layers=8, n_heads=2)
-    moe = GPT(GPTConfig(**cfg, n_experts=3))
+    moe = moe_gpt(GPTConfig(**cfg), MoEConfig(n_experts=3))
     want = 0.02 / (2 * 8) ** 0.5  # GPT-2's 1/sqrt(2 n_layers) on every residual projection
     for block in moe.blocks:
         for expert in block.ffn.experts:
@@ -203,10 +207,35 @@ def test_moe_gpt_scales_expert_output_projections_like_the_dense_ffn():
             assert expert.up.weight.std().item() == pytest.approx(0.02, rel=0.1)
 
 
-@pytest.mark.parametrize("bad", [dict(expert_top_k=3), dict(expert_top_k=2, n_experts=1), dict(capacity_factor=0.0),
+@pytest.mark.parametrize("bad", [dict(top_k=3), dict(top_k=2, n_experts=1), dict(capacity_factor=0.0),
                                  dict(capacity_factor="1")])
-def test_gpt_config_rejects_bad_expert_settings(bad):
-    from companion.models.gpt import GPTConfig
+def test_moe_config_rejects_bad_expert_settings(bad):
+    from companion.moe import MoEConfig
 
-    with pytest.raises(ValueError, match="expert_top_k|capacity_factor"):
-        GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=1, n_heads=2, **{"n_experts": 4, **bad})
+    with pytest.raises(ValueError, match="top_k|capacity_factor"):
+        MoEConfig(**{"n_experts": 4, **bad})
+
+
+def test_gpt_knows_no_experts():
+    """Chapter 14 composes: GPT takes its feed-forward factory; gpt.py neither imports companion.moe nor names experts."""
+    import dataclasses
+    import inspect
+
+    from companion.models import gpt
+    from companion.models.gpt import GPT, GPTConfig
+    from companion.moe import MoEConfig, moe_gpt
+
+    src = inspect.getsource(gpt)
+    assert not re.search(r"^\s*(from|import) [.\w]*moe", src, re.M)  # no import of companion.moe, anywhere in it
+    assert not re.search(r"^import re$", src, re.M)  # no regular expression over parameter names
+    assert not {"n_experts", "expert_top_k", "capacity_factor"} & {f.name for f in dataclasses.fields(GPTConfig)}
+    cfg = GPTConfig(vocab_size=20, max_positions=16, d_model=16, n_layers=2, n_heads=2)
+    torch.manual_seed(0)
+    dense = GPT(cfg)
+    torch.manual_seed(0)
+    explicit = GPT(cfg, ffn=gpt.dense_ffn)  # the default, passed by hand: the same model, weight for weight
+    assert all(torch.equal(a, b) for a, b in zip(dense.state_dict().values(), explicit.state_dict().values()))
+    moe = moe_gpt(cfg, MoEConfig(n_experts=2))
+    assert all(isinstance(block.ffn, MoEFeedForward) and len(block.ffn.experts) == 2 for block in moe.blocks)
+    with pytest.raises(TypeError, match="MoEConfig"):
+        moe_gpt(cfg, {"n_experts": 2})

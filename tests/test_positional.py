@@ -80,26 +80,26 @@ def _hf_t5_attention():
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
-@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20), (13, 7), (33, 100), (6, 50)])
-def test_bucket_equals_hugging_face(bidirectional, num_buckets, max_distance):
+@pytest.mark.parametrize("n_buckets,max_distance", [(32, 128), (8, 20), (13, 7), (33, 100), (6, 50)])
+def test_bucket_equals_hugging_face(bidirectional, n_buckets, max_distance):
     ref = _hf_t5_attention()._relative_position_bucket
     rel = relative_positions(7, 301) if bidirectional else relative_positions(301)  # (T, S)
     rel = torch.cat([rel.flatten(), torch.arange(-1000, 1001)])
-    got = relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
-    want = ref(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    got = relative_position_bucket(rel, bidirectional=bidirectional, n_buckets=n_buckets, max_distance=max_distance)
+    want = ref(rel, bidirectional=bidirectional, num_buckets=n_buckets, max_distance=max_distance)
     assert got.dtype == torch.long
     torch.testing.assert_close(got, want.long(), atol=0, rtol=0)
 
 
 def test_bucket_structure_by_hand():
     rel = torch.arange(-200, 201)
-    b = relative_position_bucket(rel, bidirectional=False, num_buckets=32, max_distance=128)
+    b = relative_position_bucket(rel, bidirectional=False, n_buckets=32, max_distance=128)
     # decoder: distances 0..15 have their own bucket, future keys share bucket 0, >= 128 share bucket 31
     torch.testing.assert_close(b[200 - torch.arange(16)], torch.arange(16))
     assert (b[rel > 0] == 0).all() and (b[rel <= -128] == 31).all()
     assert (b[:201].diff() <= 0).all()  # buckets never decrease with distance (rel from -200 to 0)
     assert b[rel == -16].item() == 16 and b[rel == -22].item() == 18  # 16 + floor(16 log(d/16) / log 8)
-    bi = relative_position_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128)
+    bi = relative_position_bucket(rel, bidirectional=True, n_buckets=32, max_distance=128)
     assert (bi[rel > 0] >= 16).all() and (bi[rel <= 0] < 16).all()
     assert bi.max().item() == 31 and bi.min().item() == 0
 
@@ -110,7 +110,7 @@ def test_bucket_starts_follow_the_log_spacing(bidirectional, n_exact):
     # bucket n_exact + k starts at the first integer distance >= n_exact * (128 / n_exact) ** (k / n_exact)
     # (Raffel et al. 2020, section 2.1; the Mesh TensorFlow formula), and 128 on is clamped to the last.
     distance = torch.arange(0, 300)
-    b = relative_position_bucket(-distance, bidirectional=bidirectional, num_buckets=32, max_distance=128)
+    b = relative_position_bucket(-distance, bidirectional=bidirectional, n_buckets=32, max_distance=128)
     starts = [int(distance[b == k].min()) for k in sorted(set(b.tolist()))]
     want = list(range(n_exact)) + [math.ceil(n_exact * (128 / n_exact) ** (k / n_exact)) for k in range(n_exact)]
     assert starts == want
@@ -125,7 +125,7 @@ def test_relative_bias_equals_hugging_face_compute_bias(is_decoder):
                                    relative_attention_max_distance=20, is_decoder=is_decoder)
     torch.manual_seed(0)
     hf = _hf_t5_attention()(config, has_relative_attention_bias=True)
-    ours = RelativePositionBias(3, bidirectional=not is_decoder, num_buckets=11, max_distance=20)
+    ours = RelativePositionBias(3, bidirectional=not is_decoder, n_buckets=11, max_distance=20)
     ours.load_state_dict({"relative_attention_bias.weight": hf.relative_attention_bias.weight.detach()})
     with torch.no_grad():
         torch.testing.assert_close(ours(7, 13), hf.compute_bias(7, 13, past_seen_tokens=6))

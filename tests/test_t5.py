@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig, generate_seq2seq, parameter_count
+from companion.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig, generate_seq2seq
+from companion.calculators import parameter_count
 from companion.models.t5 import T5_SIZES, from_hf_t5, load_pretrained_t5, t5_config, t5_size_table
 
 transformers = pytest.importorskip("transformers")
@@ -59,7 +60,7 @@ def test_logits_match_hugging_face_with_encoder_padding(variant):
     model = from_hf_t5(hf)
     proj, tie = VARIANTS[variant]
     assert model.cfg.tie_embeddings is tie and model.cfg.scale_output is tie and model.cfg.gated is (not tie)
-    assert model.cfg.n_decoder_layers == 3 and model.cfg.head_size == 7
+    assert model.cfg.n_decoder_layers == 3 and model.cfg.d_head == 7
     src, att = _batch()
     tgt = torch.randint(2, V, (3, 9), generator=torch.Generator().manual_seed(5))
     tgt[:, 0] = 0
@@ -153,7 +154,7 @@ def test_parameter_count_equals_hugging_face(variant):
     n_hf = sum(p.numel() for p in hf.parameters())  # parameters() lists a tied matrix once
     proj, tie = VARIANTS[variant]
     cfg = t5_config(V, d_model=24, d_kv=7, d_ff=40, n_layers=2, n_decoder_layers=3, n_heads=3,
-                    version="1.0" if tie else "1.1", num_buckets=8, max_distance=20)
+                    version="1.0" if tie else "1.1", n_buckets=8, max_distance=20)
     assert parameter_count(cfg) == n_hf
 
 
@@ -201,7 +202,7 @@ def test_bad_inputs_raise_clear_errors():
         EncoderDecoder({"vocab_size": 50})
     with pytest.raises(TypeError, match="integer token ids"):
         model(ids.float(), ids)
-    with pytest.raises(ValueError, match=r"ids must lie in \[0, 50\)"):
+    with pytest.raises(ValueError, match=r"src must lie in \[0, 50\)"):
         model(ids + 50, ids)
     with pytest.raises(ValueError, match="src_attention_mask"):
         model.encode(ids, torch.ones(2, 4))

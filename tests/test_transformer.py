@@ -117,7 +117,7 @@ def test_embedding_is_scaled_token_plus_sinusoid():
     x = model.embed_tokens(ids)[0]
     for p, tok in enumerate(ids[0].tolist()):
         for i in (0, 1, 6, D - 1):
-            want = model.embed.weight[tok, i].item() * math.sqrt(D) + _sinusoid(p, i, D)
+            want = model.tok_emb.weight[tok, i].item() * math.sqrt(D) + _sinusoid(p, i, D)
             assert x[p, i].item() == pytest.approx(want, abs=1e-5)
 
 
@@ -134,7 +134,7 @@ def test_encode_and_decode_match_torch_stacks():
     src = torch.randint(1, 17, (B, S)).masked_fill(~src_valid, 0)
     tgt_in = torch.randint(1, 17, (B, T))
     pe = torch.tensor([[_sinusoid(p, i, D) for i in range(D)] for p in range(S)])
-    emb = model.embed.weight
+    emb = model.tok_emb.weight
     with torch.no_grad():
         x = emb[src] * math.sqrt(D) + pe[:S]
         for layer in enc_layers:
@@ -145,7 +145,7 @@ def test_encode_and_decode_match_torch_stacks():
         want = y @ emb.T  # tied pre-softmax projection
         got = model(src, tgt_in, src_valid)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert model.lm_head.weight is model.embed.weight
+    assert model.lm_head.weight is model.tok_emb.weight
 
 
 def test_decoder_is_causal_and_ignores_source_padding():
@@ -230,7 +230,7 @@ def test_config_and_input_checks():
     with pytest.raises(ValueError, match="pad_id"):
         TransformerConfig(vocab_size=10, pad_id=10)
     model = _small_model()
-    with pytest.raises(ValueError, match="ids must lie"):
+    with pytest.raises(ValueError, match=r"src must lie in \[0, 17\)"):
         model(torch.tensor([[1, 17]]), torch.tensor([[1]]))
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 33, dtype=torch.long), torch.tensor([[1]]))

@@ -70,10 +70,10 @@ register(Exercise(
 # ----------------------------------------------------------------- 3.2 T5 buckets
 
 
-def _bucket_case(student, bidirectional, num_buckets, max_distance, rel):
-    got = student(rel, bidirectional, num_buckets, max_distance)
-    want = relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
-    expect_tensor(got, want, name=f"buckets (bidirectional={bidirectional}, num_buckets={num_buckets}, "
+def _bucket_case(student, bidirectional, n_buckets, max_distance, rel):
+    got = student(rel, bidirectional, n_buckets, max_distance)
+    want = relative_position_bucket(rel, bidirectional=bidirectional, n_buckets=n_buckets, max_distance=max_distance)
+    expect_tensor(got, want, name=f"buckets (bidirectional={bidirectional}, n_buckets={n_buckets}, "
                                   f"max_distance={max_distance})", atol=0, rtol=0)
 
 
@@ -107,7 +107,7 @@ register(Exercise(
         Case("small distances get one bucket each", 1, _bucket_small_exact),
         Case("bidirectional (encoder), T = 7, S = 301", 2, _bucket_encoder),
         Case("causal (decoder), T = S = 301", 2, _bucket_decoder),
-        Case("other sizes: num_buckets 8, 13, 33", 2, _bucket_other_sizes),
+        Case("other sizes: n_buckets 8, 13, 33", 2, _bucket_other_sizes),
     ),
 ))
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from ..distillation import soft_target_loss
-from ..models.bert import BertConfig, BertModel, count_parameters, padding_position_ids
+from ..models.bert import BertConfig, BertModel, padding_position_ids
+from ..calculators import count_parameters
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 

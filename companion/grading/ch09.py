@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from ..attention import MultiHeadAttention
-from ..models.gpt import GPT, GPTConfig, count_parameters
+from ..models.gpt import GPT, GPTConfig
+from ..calculators import count_parameters
 from ..tokenizers.bpe import merge_pair, pair_counts
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 

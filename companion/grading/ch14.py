@@ -3,15 +3,15 @@
 References: :func:`companion.moe.route_top1` (Switch routing with capacity),
 :func:`companion.moe.load_balancing_loss`, :func:`companion.moe.route_top2` with
 room for every token (top-2 gates), and :func:`companion.moe.moe_parameter_counts`
-of a :class:`companion.models.gpt.GPT` built on the meta device.
+of a :func:`companion.moe.moe_gpt` built on the meta device.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..models.gpt import GPT, GPTConfig
-from ..moe import load_balancing_loss, moe_parameter_counts, route_top1, route_top2
+from ..models.gpt import GPTConfig
+from ..moe import MoEConfig, load_balancing_loss, moe_gpt, moe_parameter_counts, route_top1, route_top2
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 _FORBIDDEN = ("transformers", "companion.moe", "companion.models")
@@ -124,17 +124,16 @@ register(Exercise(
 
 # ----------------------------------------------------------------- 14.4 active and total parameters
 
-def _counts_reference(cfg: GPTConfig) -> tuple[int, int]:
+def _counts_reference(cfg: GPTConfig, moe: MoEConfig) -> tuple[int, int]:
     with torch.device("meta"):
-        counts = moe_parameter_counts(GPT(cfg))
+        counts = moe_parameter_counts(moe_gpt(cfg, moe))
     return counts["total"], counts["active"]
 
 
-def _counts_case(student, what, **kw):
-    cfg = GPTConfig(**kw)
-    want = _counts_reference(cfg)
-    got = student(cfg.vocab_size, cfg.max_positions, cfg.d_model, cfg.n_layers, cfg.ff_size, cfg.n_experts,
-                  cfg.expert_top_k)
+def _counts_case(student, what, n_experts, top_k=1, **kw):
+    cfg, moe = GPTConfig(**kw), MoEConfig(n_experts=n_experts, top_k=top_k)
+    want = _counts_reference(cfg, moe)
+    got = student(cfg.vocab_size, cfg.max_positions, cfg.d_model, cfg.n_layers, cfg.ff_size, moe.n_experts, moe.top_k)
     expect_true(isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in got),
                 f"{what}: moe_gpt_parameters must return a tuple of two ints (total, active), got {got!r}")
     if tuple(got) != want:
@@ -152,7 +151,7 @@ register(Exercise(
             n_layers=2, n_heads=4, d_ff=256, n_experts=4)),
         Case("top-2 of 8 experts (Mixtral-like routing)", 2, lambda s: _counts_case(
             s, "E=8, k=2", vocab_size=1000, max_positions=128, d_model=96, n_layers=3, n_heads=4, d_ff=384,
-            n_experts=8, expert_top_k=2)),
+            n_experts=8, top_k=2)),
         Case("one expert: a dense model plus a router", 1, lambda s: _counts_case(
             s, "E=1", vocab_size=50, max_positions=16, d_model=32, n_layers=1, n_heads=2, d_ff=80, n_experts=1)),
         Case("128 experts of Switch-Base's width (2 blocks)", 1, lambda s: _counts_case(

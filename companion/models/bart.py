@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ._hf import LoadReport, copy_by_name_map, hf_source
+from ._hf import LoadReport, activation_from_hf, copy_by_name_map, fuse_rows, hf_source
 from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
 __all__ = ["bart_config", "BART_BASE", "BART_SIZES", "config_from_hf_bart", "from_hf_bart", "load_pretrained_bart", "hf_bart_name_map"]
@@ -74,9 +74,7 @@ BART_SIZES: dict[str, dict[str, Any]] = {  # Lewis et al. (2020), section 3 and 
 def config_from_hf_bart(hf_config: Any) -> EncoderDecoderConfig:
     """The course config of a Hugging Face ``BartConfig`` (an object or a ``config.json`` namespace)."""
     get = lambda name, default=None: getattr(hf_config, name, default)  # noqa: E731
-    act = get("activation_function", "gelu")
-    if act not in ("gelu", "relu"):
-        raise ValueError(f"activation_function {act!r} is not supported: expected 'gelu' (BART) or 'relu'")
+    act = activation_from_hf(get("activation_function", "gelu"), ("gelu", "relu"))
     if get("normalize_before", False) or get("add_final_layer_norm", False):
         raise ValueError("pre-LN BART variants (mBART: normalize_before/add_final_layer_norm) are not supported")
     if get("encoder_attention_heads") != get("decoder_attention_heads") or get("encoder_ffn_dim") != get("decoder_ffn_dim"):
@@ -92,9 +90,9 @@ def config_from_hf_bart(hf_config: Any) -> EncoderDecoderConfig:
 
 def hf_bart_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
     """Our parameter/buffer name -> Hugging Face BART tensor name (fused ``qkv``/``kv`` rows are built by :func:`from_hf_bart`)."""
-    m = {"embed.weight": "model.shared.weight", "final_logits_bias": "final_logits_bias",
-         "encoder_positions.weight": "model.encoder.embed_positions.weight",
-         "decoder_positions.weight": "model.decoder.embed_positions.weight"}
+    m = {"tok_emb.weight": "model.shared.weight", "final_logits_bias": "final_logits_bias",
+         "encoder_pos_emb.weight": "model.encoder.embed_positions.weight",
+         "decoder_pos_emb.weight": "model.decoder.embed_positions.weight"}
     for stack in ("encoder", "decoder"):
         for x in ("weight", "bias"):
             m[f"{stack}_embed_norm.{x}"] = f"model.{stack}.layernorm_embedding.{x}"
@@ -116,16 +114,10 @@ def hf_bart_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
     return m
 
 
-def _fused(sd: dict[str, torch.Tensor], cfg: EncoderDecoderConfig) -> dict[str, torch.Tensor]:
-    out = dict(sd)
-    for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n):
-            for attn, parts, fused in (("self_attn", "qkv", "qkv_proj"), ("encoder_attn", "kv", "kv_proj")):
-                p = f"model.{stack}.layers.{i}.{attn}"
-                for x in ("weight", "bias"):
-                    if all(f"{p}.{c}_proj.{x}" in sd for c in parts):
-                        out[f"{p}.{fused}.{x}"] = torch.cat([sd[f"{p}.{c}_proj.{x}"] for c in parts])
-    return out
+def _fused(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with the fused projections: ``qkv_proj`` (self-attention) and ``kv_proj`` (cross-attention)."""
+    sd = fuse_rows(sd, ("q_proj", "k_proj", "v_proj"), "qkv_proj", r"\.self_attn$")
+    return fuse_rows(sd, ("k_proj", "v_proj"), "kv_proj", r"\.encoder_attn$")
 
 
 @torch.no_grad()
@@ -146,10 +138,9 @@ def from_hf_bart(source, *, return_report: bool = False) -> EncoderDecoder | tup
     with torch.device("meta"):
         model = EncoderDecoder(cfg)
     model = model.to_empty(device="cpu")
-    model.lm_head.weight = model.embed.weight
-    ignore = [r"^model\.(encoder|decoder)\.embed_tokens\.weight$", r"^lm_head\.weight$",
-              r"\.self_attn\.[qkv]_proj\.(weight|bias)$", r"\.encoder_attn\.[kv]_proj\.(weight|bias)$"]
-    report = copy_by_name_map(model, _fused(sd, cfg), hf_bart_name_map(cfg), ignore=ignore)
+    model.lm_head.weight = model.tok_emb.weight
+    ignore = [r"^model\.(encoder|decoder)\.embed_tokens\.weight$", r"^lm_head\.weight$"]
+    report = copy_by_name_map(model, _fused(sd), hf_bart_name_map(cfg), ignore=ignore)
     model.eval()
     return (model, report) if return_report else model
 

@@ -31,23 +31,20 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import ShapeChecker, check_positive_int, check_probability, check_token_ids
 from ..attention import MultiHeadAttention
 from ..blocks import _ACTIVATIONS as _ACTIVATION_FNS  # the FFN's table: one GELU for both
 from ..blocks import Block, FeedForward, make_norm
 from ..masks import padding_mask
-from ._hf import copy_by_name_map, hf_source
+from ._hf import activation_from_hf, copy_by_name_map, fuse_rows, hf_source
 
 __all__ = [
     "BertConfig", "BERT_BASE", "BERT_LARGE",
     "BertEmbeddings", "BertModel", "MLMHead", "BertForMaskedLM", "BertForPreTraining",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering", "SpanLogits",
     "BertOutput", "PreTrainingOutput", "mean_pool",
-    "config_from_hf", "from_hf_bert", "load_pretrained", "count_parameters", "padding_position_ids",
+    "config_from_hf", "from_hf_bert", "load_pretrained", "padding_position_ids",
 ]
-
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -118,7 +115,7 @@ def padding_position_ids(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     >>> padding_position_ids(torch.tensor([[0, 5, 6, 1, 1]]), pad_id=1).tolist()
     [[2, 3, 4, 1, 1]]
     """
-    _check_ids("input_ids", input_ids, torch.iinfo(torch.long).max)
+    check_token_ids("input_ids", input_ids, None)
     real = (input_ids != pad_id).long()  # (B, T)
     return torch.cumsum(real, dim=1) * real + pad_id
 
@@ -135,41 +132,32 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         e = cfg.embed_dim
-        self.token = nn.Embedding(cfg.vocab_size, e)
-        self.position = nn.Embedding(cfg.max_positions, e)
-        self.segment = nn.Embedding(cfg.n_segments, e)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, e)
+        self.pos_emb = nn.Embedding(cfg.max_positions, e)
+        self.seg_emb = nn.Embedding(cfg.n_segments, e)
         self.norm = make_norm("layernorm", e, cfg.norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
         self.project = nn.Linear(e, cfg.d_model) if e != cfg.d_model else None  # factorised: E -> D
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        _check_ids("input_ids", input_ids, self.cfg.vocab_size)
+        sc = ShapeChecker()
+        check_token_ids("input_ids", input_ids, self.cfg.vocab_size, sc=sc)
         t = input_ids.shape[1]
         if t > self.cfg.max_positions:
             raise ValueError(f"input has {t} tokens, more than max_positions={self.cfg.max_positions}")
         if segment_ids is None:
             segment_ids = torch.zeros_like(input_ids)
-        elif segment_ids.shape != input_ids.shape:
-            raise ValueError(f"segment_ids must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(segment_ids.shape)}")
-        _check_ids("segment_ids", segment_ids, self.cfg.n_segments)
+        check_token_ids("segment_ids", segment_ids, self.cfg.n_segments, sc=sc)
         if position_ids is None and self.cfg.positions_from_padding:
             position_ids = padding_position_ids(input_ids, self.cfg.pad_id)  # (B, T)
         elif position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)  # (T,), broadcast over B
-        _check_ids("position_ids", position_ids, self.cfg.max_positions)
-        x = self.token(input_ids) + self.position(position_ids) + self.segment(segment_ids)  # (B, T, E)
+        check_token_ids("position_ids", position_ids, self.cfg.max_positions,
+                        ("T",) if position_ids.dim() == 1 else ("B", "T"), sc)
+        x = self.tok_emb(input_ids) + self.pos_emb(position_ids) + self.seg_emb(segment_ids)  # (B, T, E)
         x = self.drop(self.norm(x))
         return x if self.project is None else self.project(x)  # (B, T, D)
-
-
-def _check_ids(name: str, ids: object, limit: int) -> None:
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int32, torch.int64):
-        raise TypeError(f"{name} must be an integer tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
-    if name == "input_ids" and ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape (B, T), got {tuple(ids.shape)}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
-        raise ValueError(f"{name} must lie in [0, {limit}), got values from {int(ids.min())} to {int(ids.max())}")
 
 
 def _block(cfg: BertConfig, layer_idx: int) -> Block:
@@ -216,17 +204,17 @@ class BertModel(nn.Module):
 class MLMHead(nn.Module):
     """``LayerNorm(act(W h + b)) E^T + b_V``: the decoder's weight is the token embedding ``E`` (tied)."""
 
-    def __init__(self, cfg: BertConfig, token_embedding: nn.Embedding) -> None:
+    def __init__(self, cfg: BertConfig, tok_emb: nn.Embedding) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.d_model, cfg.embed_dim)  # D -> E (E = D except in ALBERT/ELECTRA)
         self.activation = cfg.activation  # checked by BertConfig
         self.norm = make_norm("layernorm", cfg.embed_dim, cfg.norm_eps)
-        self.token_embedding = token_embedding  # shared module: the same Parameter, not a copy
+        self.tok_emb = tok_emb  # shared module: the same Parameter, not a copy
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.norm(_ACTIVATION_FNS[self.activation](self.dense(hidden)))  # (B, T, D)
-        return nn.functional.linear(h, self.token_embedding.weight, self.bias)  # (B, T, V): h E^T + b
+        return nn.functional.linear(h, self.tok_emb.weight, self.bias)  # (B, T, V): h E^T + b
 
 
 class BertForMaskedLM(nn.Module):
@@ -236,7 +224,7 @@ class BertForMaskedLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, pooler=False)
-        self.mlm = MLMHead(cfg, self.bert.embeddings.token)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.tok_emb)
         self.mlm.apply(_init_weights)
 
     def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> PreTrainingOutput:
@@ -251,7 +239,7 @@ class BertForPreTraining(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, pooler=True)
-        self.mlm = MLMHead(cfg, self.bert.embeddings.token)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.tok_emb)
         self.nsp = nn.Linear(cfg.d_model, 2)  # 0 = IsNext, 1 = NotNext
         self.mlm.apply(_init_weights)
         _init_weights(self.nsp)
@@ -355,11 +343,6 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)  # (B, D)
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (a tied matrix counts once); works on the meta device."""
-    return sum(p.numel() for p in model.parameters())
-
-
 # --- Hugging Face weights -------------------------------------------------------------------------
 
 def config_from_hf(hf_config, *, model_type: str = "bert", **switches) -> BertConfig:
@@ -375,9 +358,7 @@ def config_from_hf(hf_config, *, model_type: str = "bert", **switches) -> BertCo
     if getattr(hf_config, "position_embedding_type", "absolute") != "absolute":
         raise ValueError("only absolute (learned) position embeddings are supported, "
                          f"got {hf_config.position_embedding_type!r}")
-    act = getattr(hf_config, "hidden_act", "gelu")
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+    activation = activation_from_hf(getattr(hf_config, "hidden_act", "gelu"), ("gelu", "gelu_tanh", "relu"))
     if getattr(hf_config, "hidden_dropout_prob", 0.1) != getattr(hf_config, "attention_probs_dropout_prob", 0.1):
         raise ValueError("the course's BERT has one dropout probability; this config uses two different ones")
     return BertConfig(
@@ -385,7 +366,7 @@ def config_from_hf(hf_config, *, model_type: str = "bert", **switches) -> BertCo
         n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
         max_positions=hf_config.max_position_embeddings, n_segments=getattr(hf_config, "type_vocab_size", 2),
         norm_eps=getattr(hf_config, "layer_norm_eps", 1e-12), dropout=getattr(hf_config, "hidden_dropout_prob", 0.1),
-        activation=_ACTIVATIONS[act], pad_id=getattr(hf_config, "pad_token_id", 0) or 0, **switches,
+        activation=activation, pad_id=getattr(hf_config, "pad_token_id", 0) or 0, **switches,
     )
 
 
@@ -404,9 +385,9 @@ def _encoder_names(bert: BertModel, ours: str, theirs: str, *, layer: str = "enc
     """
     parts = _BERT_LAYER_NAMES if parts is None else parts
     names = {
-        f"{ours}embeddings.token.weight": f"{theirs}embeddings.word_embeddings.weight",
-        f"{ours}embeddings.position.weight": f"{theirs}embeddings.position_embeddings.weight",
-        f"{ours}embeddings.segment.weight": f"{theirs}embeddings.token_type_embeddings.weight",
+        f"{ours}embeddings.tok_emb.weight": f"{theirs}embeddings.word_embeddings.weight",
+        f"{ours}embeddings.pos_emb.weight": f"{theirs}embeddings.position_embeddings.weight",
+        f"{ours}embeddings.seg_emb.weight": f"{theirs}embeddings.token_type_embeddings.weight",
         f"{ours}embeddings.norm.weight": f"{theirs}embeddings.LayerNorm.weight",
         f"{ours}embeddings.norm.bias": f"{theirs}embeddings.LayerNorm.bias",
     }
@@ -425,21 +406,9 @@ def _encoder_names(bert: BertModel, ours: str, theirs: str, *, layer: str = "enc
 
 
 def _fuse_qkv(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Add ``...{query,key,value}.weight`` = the three stacked, as our fused ``qkv`` holds them.
-
-    Every ``X.query.{weight,bias}`` with ``X.key`` and ``X.value`` beside it is fused
-    (BERT's ``attention.self``, ALBERT's ``attention``, RoBERTa's and ELECTRA's as BERT's).
-    """
-    fused = dict(state_dict)
-    for name in state_dict:
-        if name.endswith(".query.weight") or name.endswith(".query.bias"):
-            stem, _, p = name.rpartition(".query.")
-            parts = [state_dict.get(f"{stem}.{w}.{p}") for w in ("query", "key", "value")]
-            if all(t is not None for t in parts):  # else the map reports the fused name as missing
-                fused[f"{stem}.{{query,key,value}}.{p}"] = torch.cat(parts, dim=0)  # (3D, ...)
-                for w in ("query", "key", "value"):
-                    del fused[f"{stem}.{w}.{p}"]
-    return fused
+    """Every ``X.{query,key,value}.{weight,bias}`` stacked as our fused ``qkv`` holds them (BERT's
+    ``attention.self``, ALBERT's ``attention``, RoBERTa's and ELECTRA's as BERT's)."""
+    return fuse_rows(state_dict, ("query", "key", "value"), "{query,key,value}")
 
 
 # Buffers some versions save, and the decoder that is tied to the token embedding.

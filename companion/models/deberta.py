@@ -14,7 +14,7 @@ all divided by ``sqrt(3 Dh)`` (the 3 counts the terms), where ``Qr = R W_q``
 and ``Kr = R W_k`` are the position rows projected with the layer's own query and
 key weights (``share_att_key``, as in every released v2/v3 model) and ``d(i, j)``
 is the bucketed distance ``i - j`` shifted to a row index (:func:`relative_buckets`).
-Distances up to ``position_buckets / 2`` get a row each; longer ones share rows
+Distances up to ``n_position_buckets / 2`` get a row each; longer ones share rows
 on a log scale (:func:`log_bucket_position`).
 
 The course adds nothing to the attention kernel: :class:`DisentangledAttention`,
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import check_positive_int, check_probability
+from .._checks import check_positive_int, check_probability, check_token_ids
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..masks import padding_mask
-from ._hf import copy_by_name_map, hf_source
-from .bert import _ACTIVATIONS, _check_ids, _fuse_qkv, _init_weights
+from ._hf import activation_from_hf, copy_by_name_map, hf_source
+from .bert import _fuse_qkv, _init_weights
 
 __all__ = ["DebertaConfig", "log_bucket_position", "relative_buckets", "DisentangledAttention", "DebertaModel",
            "from_hf_deberta_v2"]
@@ -53,7 +53,7 @@ class DebertaConfig:
     n_heads: int = 12
     d_ff: int = 3072
     max_positions: int = 512  # longest input; also the largest distance the log buckets reach
-    position_buckets: int = 256  # k: distances |i - j| < k/2 get a row each, the rest share log-spaced rows
+    n_position_buckets: int = 256  # k: distances |i - j| < k/2 get a row each, the rest share log-spaced rows
     absolute_positions: bool = False  # v3: no absolute position embedding at the input
     n_segments: int = 0  # v3: no segment embedding
     norm_eps: float = 1e-7
@@ -63,15 +63,15 @@ class DebertaConfig:
     norm_relative: bool = True  # LayerNorm on the relative embedding table (norm_rel_ebd="layer_norm")
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "position_buckets"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_position_buckets"):
             check_positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.position_buckets < 4 or self.position_buckets % 2:
-            raise ValueError(f"position_buckets must be an even int >= 4, got {self.position_buckets}")
-        if self.max_positions <= self.position_buckets // 2:
-            raise ValueError(f"max_positions ({self.max_positions}) must exceed position_buckets / 2 "
-                             f"({self.position_buckets // 2})")
+        if self.n_position_buckets < 4 or self.n_position_buckets % 2:
+            raise ValueError(f"n_position_buckets must be an even int >= 4, got {self.n_position_buckets}")
+        if self.max_positions <= self.n_position_buckets // 2:
+            raise ValueError(f"max_positions ({self.max_positions}) must exceed n_position_buckets / 2 "
+                             f"({self.n_position_buckets // 2})")
         check_probability("dropout", self.dropout)
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation must be 'gelu', 'gelu_tanh' or 'relu', got {self.activation!r}")
@@ -144,9 +144,9 @@ class DebertaModel(nn.Module):
         if not isinstance(cfg, DebertaConfig):
             raise TypeError(f"cfg must be a DebertaConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.token = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.position = nn.Embedding(cfg.max_positions, cfg.d_model) if cfg.absolute_positions else None
-        self.segment = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model) if cfg.absolute_positions else None
+        self.seg_emb = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
         self.norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
         scale = 1.0 / math.sqrt(3 * cfg.d_model // cfg.n_heads)  # sqrt(3 Dh): three score terms
@@ -158,21 +158,21 @@ class DebertaModel(nn.Module):
             self.blocks.append(Block(attn, ffn, make_norm("layernorm", cfg.d_model, cfg.norm_eps),
                                      make_norm("layernorm", cfg.d_model, cfg.norm_eps), norm_first=False,
                                      dropout=cfg.dropout))
-        self.relative = nn.Embedding(2 * cfg.position_buckets, cfg.d_model)  # R, shared by every layer
+        self.relative = nn.Embedding(2 * cfg.n_position_buckets, cfg.d_model)  # R, shared by every layer
         self.relative_norm = make_norm("layernorm", cfg.d_model, cfg.norm_eps) if cfg.norm_relative else None
         self.apply(_init_weights)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-        _check_ids("input_ids", input_ids, self.cfg.vocab_size)
+        check_token_ids("input_ids", input_ids, self.cfg.vocab_size)
         t = input_ids.shape[1]
         if t > self.cfg.max_positions:
             raise ValueError(f"input has {t} tokens, more than max_positions={self.cfg.max_positions}")
-        x = self.token(input_ids)
-        if self.position is not None:
-            x = x + self.position(torch.arange(t, device=input_ids.device))
-        if self.segment is not None:
-            x = x + self.segment(torch.zeros_like(input_ids) if segment_ids is None else segment_ids)
+        x = self.tok_emb(input_ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(t, device=input_ids.device))
+        if self.seg_emb is not None:
+            x = x + self.seg_emb(torch.zeros_like(input_ids) if segment_ids is None else segment_ids)
         x = self.norm(x)
         mask = None
         if attention_mask is not None:
@@ -183,7 +183,7 @@ class DebertaModel(nn.Module):
             mask = padding_mask(attention_mask)  # (B, 1, 1, T)
         x = self.drop(x)
         table = self.relative.weight if self.relative_norm is None else self.relative_norm(self.relative.weight)
-        rows = relative_buckets(t, self.cfg.position_buckets, self.cfg.max_positions).to(input_ids.device)  # (T, T)
+        rows = relative_buckets(t, self.cfg.n_position_buckets, self.cfg.max_positions).to(input_ids.device)  # (T, T)
         for block in self.blocks:
             x = block(x, mask, table=table, rows=rows)
         return x
@@ -212,18 +212,16 @@ def _config_from_hf(hf_config) -> DebertaConfig:
         raise ValueError("only bucketed relative positions (position_buckets > 0) are supported")
     if max_rel != hf_config.max_position_embeddings:
         raise ValueError("max_relative_positions must equal max_position_embeddings (or be -1)")
-    act = hf_config.hidden_act
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+    activation = activation_from_hf(hf_config.hidden_act, ("gelu", "gelu_tanh", "relu"))
     if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
         raise ValueError("the course's DeBERTa has one dropout probability; this config uses two different ones")
     norm_rel = [x.strip() for x in getattr(hf_config, "norm_rel_ebd", "none").lower().split("|")]
     return DebertaConfig(
         vocab_size=hf_config.vocab_size, d_model=hf_config.hidden_size, n_layers=hf_config.num_hidden_layers,
         n_heads=hf_config.num_attention_heads, d_ff=hf_config.intermediate_size,
-        max_positions=hf_config.max_position_embeddings, position_buckets=buckets,
+        max_positions=hf_config.max_position_embeddings, n_position_buckets=buckets,
         absolute_positions=getattr(hf_config, "position_biased_input", True), n_segments=hf_config.type_vocab_size,
-        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=_ACTIVATIONS[act],
+        norm_eps=hf_config.layer_norm_eps, dropout=hf_config.hidden_dropout_prob, activation=activation,
         pad_id=hf_config.pad_token_id or 0, norm_relative="layer_norm" in norm_rel,
     )
 
@@ -235,12 +233,12 @@ def from_hf_deberta_v2(source) -> DebertaModel:
     cfg = _config_from_hf(hf_config)
     model = DebertaModel(cfg)
     p = "deberta." if any(k.startswith("deberta.") for k in sd) else ""
-    names = {"token.weight": f"{p}embeddings.word_embeddings.weight", "norm.weight": f"{p}embeddings.LayerNorm.weight",
+    names = {"tok_emb.weight": f"{p}embeddings.word_embeddings.weight", "norm.weight": f"{p}embeddings.LayerNorm.weight",
              "norm.bias": f"{p}embeddings.LayerNorm.bias", "relative.weight": f"{p}encoder.rel_embeddings.weight"}
-    if model.position is not None:
-        names["position.weight"] = f"{p}embeddings.position_embeddings.weight"
-    if model.segment is not None:
-        names["segment.weight"] = f"{p}embeddings.token_type_embeddings.weight"
+    if model.pos_emb is not None:
+        names["pos_emb.weight"] = f"{p}embeddings.position_embeddings.weight"
+    if model.seg_emb is not None:
+        names["seg_emb.weight"] = f"{p}embeddings.token_type_embeddings.weight"
     if model.relative_norm is not None:
         names.update({"relative_norm.weight": f"{p}encoder.LayerNorm.weight",
                       "relative_norm.bias": f"{p}encoder.LayerNorm.bias"})

@@ -24,10 +24,10 @@ and :class:`companion.blocks.FeedForward` / :class:`companion.blocks.GatedFeedFo
 decoding uses :class:`companion.kv_cache.EncoderDecoderCache` (self-attention keys
 grow, cross-attention keys are computed once) and the course's
 :func:`companion.generation.generate` / :func:`companion.generation.beam_search`
-through :class:`companion.models.transformer.EncodedSource`. What they share with
-Chapter 4's Transformer (``forward``, ``decode``, the cache, ``decoder_lm``) is
-:class:`companion.models.transformer.Seq2SeqModel`: a model defines ``encode``,
-``decode_hidden`` and ``head``.
+through :class:`companion.models.seq2seq.EncodedSource`. What they share with
+Chapter 4's Transformer (``encode``, ``decode``, ``forward``, the cache, ``decoder_lm``)
+is :class:`companion.models.seq2seq.Seq2SeqModel`: this model supplies its
+embeddings, T5's relative position bias and the final norms.
 
 Masks are boolean, True = may attend (:mod:`companion.masks`). Shape legend:
 B batch, S source length, T target length, D model size, H heads, V vocabulary.
@@ -42,16 +42,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .._checks import ShapeChecker, check_positive_int, check_probability
+from .._checks import check_positive_int, check_probability
 from ..attention import CrossAttention, MultiHeadAttention
 from ..blocks import Block, DecoderBlock, FeedForward, GatedFeedForward, _check_activation, make_norm
 from ..generation import BeamSearchOutput, beam_search, generate
-from ..kv_cache import EncoderDecoderCache
-from ..masks import cross_attention_mask, padding_mask
 from ..positional import RelativePositionBias
-from .transformer import Seq2SeqModel
+from .seq2seq import Seq2SeqModel
 
-__all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "parameter_count", "config_differences"]
+__all__ = ["EncoderDecoderConfig", "EncoderDecoder", "generate_seq2seq", "config_differences"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class EncoderDecoderConfig:
     vocab_size: int  # V, one vocabulary for source, target and output
     d_model: int = 512  # D
     n_heads: int = 8  # H
-    d_head: int | None = None  # Dh per head; None: d_model // n_heads (T5's d_kv is independent of D)
+    d_head: int | None = None  # Dh per head; None: d_model // n_heads, filled in (T5's d_kv is independent of D)
     d_ff: int = 2048  # hidden size of the feed-forward network
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
@@ -71,7 +69,7 @@ class EncoderDecoderConfig:
     activation: str = "relu"
     gated: bool = False  # GatedFeedForward (T5 v1.1's gated GELU) instead of FeedForward
     positions: Literal["relative", "learned"] = "relative"
-    num_buckets: int = 32  # relative: T5 buckets
+    n_buckets: int = 32  # relative: T5 buckets
     max_distance: int = 128  # relative: distances beyond share the last bucket
     max_positions: int = 512  # learned: table size (without the offset); relative: longest sequence accepted
     position_offset: int = 0  # learned: row of position 0 (BART: 2)
@@ -89,12 +87,13 @@ class EncoderDecoderConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers",
-                     "max_positions", "num_buckets", "max_distance"):
+                     "max_positions", "n_buckets", "max_distance"):
             check_positive_int(name, getattr(self, name))
         if self.d_head is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; pass d_head")
-        if self.d_head is not None:
-            check_positive_int("d_head", self.d_head)
+        if self.d_head is None:  # resolved once, so that cfg.d_head is Dh as in every other config
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        check_positive_int("d_head", self.d_head)
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
         if self.positions not in ("relative", "learned"):
@@ -110,21 +109,23 @@ class EncoderDecoderConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} must be an int in [0, vocab_size={self.vocab_size}), got {value!r}")
 
-    @property
-    def head_size(self) -> int:
-        """Dh: ``d_head`` if given, else ``d_model // n_heads``."""
-        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
-
     def replace(self, **changes) -> "EncoderDecoderConfig":
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        A ``d_head`` that was ``d_model // n_heads`` follows a new ``d_model`` or
+        ``n_heads`` unless ``d_head`` is passed too.
+        """
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise ValueError(f"unknown config fields: {', '.join(sorted(unknown))}")
+        if {"d_model", "n_heads"} & set(changes) and "d_head" not in changes \
+                and self.d_head == self.d_model // self.n_heads:
+            changes["d_head"] = None
         return replace(self, **changes)
 
 
 def _make_block(cfg: EncoderDecoderConfig, cross: bool, i: int) -> Block | DecoderBlock:
-    attn_kw = dict(d_head=cfg.head_size, bias=cfg.bias, dropout=cfg.dropout, layer_idx=i,
+    attn_kw = dict(d_head=cfg.d_head, bias=cfg.bias, dropout=cfg.dropout, layer_idx=i,
                    scale=None if cfg.scale_attention else 1.0)
 
     def norm() -> nn.Module:
@@ -156,12 +157,12 @@ class EncoderDecoder(Seq2SeqModel):
             raise TypeError(f"expected an EncoderDecoderConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         d = cfg.d_model
-        self.embed = nn.Embedding(cfg.vocab_size, d)  # shared by encoder, decoder (and head if tied)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, d)  # shared by encoder, decoder (and head if tied)
         if cfg.positions == "learned":
-            self.encoder_positions = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
-            self.decoder_positions = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
+            self.encoder_pos_emb = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
+            self.decoder_pos_emb = nn.Embedding(cfg.max_positions + cfg.position_offset, d)
         else:  # computed once per stack, added to the scores of every layer
-            kw = dict(num_buckets=cfg.num_buckets, max_distance=cfg.max_distance)
+            kw = dict(n_buckets=cfg.n_buckets, max_distance=cfg.max_distance)
             self.encoder_bias = RelativePositionBias(cfg.n_heads, bidirectional=True, **kw)
             self.decoder_bias = RelativePositionBias(cfg.n_heads, bidirectional=False, **kw)
         norm_bias = cfg.bias if cfg.norm == "layernorm" else None
@@ -179,7 +180,7 @@ class EncoderDecoder(Seq2SeqModel):
         self.drop = nn.Dropout(cfg.dropout)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+            self.lm_head.weight = self.tok_emb.weight
 
     def _init_weights(self, module: nn.Module) -> None:
         if self.cfg.init == "bart":  # N(0, 0.02) everywhere, zero biases
@@ -200,76 +201,33 @@ class EncoderDecoder(Seq2SeqModel):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=1.0 if module is self.embed else module.embedding_dim ** -0.5)
+            nn.init.normal_(module.weight, std=1.0 if module is self.tok_emb else module.embedding_dim ** -0.5)
         elif isinstance(module, RelativePositionBias):
             nn.init.normal_(module.relative_attention_bias.weight, std=self.cfg.d_model ** -0.5)
 
     # ------------------------------------------------------------------ pieces
-    def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        super()._check_ids(name, ids, sc, dims)
-        if ids.shape[1] == 0:
-            raise ValueError(f"{name} must hold at least one token, got length 0")
-
     def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
         cfg = self.cfg
-        if start + ids.shape[1] > cfg.max_positions:
-            which = "decoder" if decoder else "source"
-            raise ValueError(f"{which} positions {start}..{start + ids.shape[1] - 1} exceed max_positions={cfg.max_positions}")
-        x = self.embed(ids)  # (B, L, D)
+        x = self.tok_emb(ids)  # (B, L, D)
         if cfg.scale_embeddings:
             x = x * math.sqrt(cfg.d_model)
         if cfg.positions == "learned":
-            table = self.decoder_positions if decoder else self.encoder_positions
+            table = self.decoder_pos_emb if decoder else self.encoder_pos_emb
             pos = torch.arange(start, start + ids.shape[1], device=ids.device) + cfg.position_offset  # (L,)
             x = x + table(pos)
         if cfg.embedding_norm:
             x = (self.decoder_embed_norm if decoder else self.encoder_embed_norm)(x)
         return self.drop(x)
 
-    def encode(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Source ids (B, S) -> encoder output (B, S, D). The mask (B, S) is 1 on real tokens (default ``src != pad_id``)."""
-        sc = ShapeChecker()
-        self._check_ids("src", src, sc, ("B", "S"))
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
-        mask = padding_mask(src_attention_mask)  # (B, 1, 1, S)
-        s = src.shape[1]
-        bias = self.encoder_bias(s, s) if self.cfg.positions == "relative" else None  # (1, H, S, S), shared by all layers
-        x = self._embed(src, 0, decoder=False)
-        for block in self.encoder:
-            x = block(x, mask, bias=bias)  # (B, S, D)
-        if self.cfg.final_norm:
-            x = self.drop(self.encoder_norm(x))
-        return x
+    def _position_bias(self, decoder: bool, t: int, s: int) -> torch.Tensor | None:
+        if self.cfg.positions != "relative":
+            return None
+        return (self.decoder_bias if decoder else self.encoder_bias)(t, s)  # (1, H, t, s), shared by all layers
 
-    def decode_hidden(
-        self,
-        tgt_in: torch.Tensor,
-        memory: torch.Tensor,
-        src_attention_mask: torch.Tensor,
-        tgt_attention_mask: torch.Tensor | None = None,
-        *,
-        cache: EncoderDecoderCache | None = None,
-    ) -> torch.Tensor:
-        """The decoder's last hidden states (B, T, D), before the output scaling and the head."""
-        sc = self._check_decoder_inputs(tgt_in, memory, src_attention_mask)
-        start = 0 if cache is None else cache.length
-        t = tgt_in.shape[1]
-        # The causal rule (bottom-right when keys are cached) is the kernel's: is_causal below.
-        self_mask = None
-        if tgt_attention_mask is not None:
-            sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
-            self_mask = padding_mask(tgt_attention_mask)  # (B, 1, 1, start + T)
-        # No source padding in the batch: no cross-attention mask (one check here instead of one per layer).
-        cross_mask = None if bool(src_attention_mask.all()) else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
-        bias = self.decoder_bias(t, start + t) if self.cfg.positions == "relative" else None  # (1, H, T, start + T)
-        x = self._embed(tgt_in, start, decoder=True)
-        for block in self.decoder:
-            x = block(x, memory, self_mask, cross_mask, is_causal=True, bias=bias, cache=cache)  # (B, T, D)
-        if self.cfg.final_norm:
-            x = self.drop(self.decoder_norm(x))
-        return x
+    def _finish(self, x: torch.Tensor, decoder: bool) -> torch.Tensor:
+        if not self.cfg.final_norm:
+            return x
+        return self.drop((self.decoder_norm if decoder else self.encoder_norm)(x))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder hidden states (B, T, D) -> logits (B, T, V), with T5's ``D**-0.5`` scaling if configured."""
@@ -324,16 +282,6 @@ def generate_seq2seq(
         return out.sequences
     finally:
         model.train(was_training)
-
-
-def parameter_count(cfg: EncoderDecoderConfig) -> int:
-    """Number of parameters of ``EncoderDecoder(cfg)`` (a tied matrix counts once), built on the meta device.
-
-    No memory is allocated, so the configs of 11-billion-parameter models count in milliseconds.
-    """
-    with torch.device("meta"):
-        model = EncoderDecoder(cfg)
-    return sum(p.numel() for p in model.parameters())
 
 
 def config_differences(a: EncoderDecoderConfig, b: EncoderDecoderConfig) -> dict[str, tuple[Any, Any]]:

@@ -13,23 +13,23 @@ Dh head size, D model size, F feed-forward size, V vocabulary.
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .._checks import check_probability
+from .._checks import check_probability, check_token_ids
 from ..attention import MultiHeadAttention
-from ..blocks import Block, FeedForward, make_norm
+from ..blocks import Block, FeedForward, GatedFeedForward, make_norm
 from ..kv_cache import KVCache
 from ..training import lm_loss  # re-exported: the one loss of every language model
-from ._hf import copy_by_name_map, hf_source
+from ._hf import activation_from_hf, copy_by_name_map, hf_source
 
 __all__ = [
-    "GPTConfig", "GPT", "GPTBlock",
+    "GPTConfig", "GPT", "GPTBlock", "dense_ffn",
     "GPT1", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_175B",
-    "count_parameters", "gpt_param_formula",
+    "gpt_param_formula",
     "config_from_hf", "from_hf_gpt2", "config_from_hf_openai", "from_hf_openai_gpt", "hf_block_names",
     "lm_loss", "evaluate_lm",
 ]
@@ -52,9 +52,6 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, attention weights and residual branches
     bias: bool = True  # biases in linear layers and LayerNorms
     norm_eps: float = 1e-5  # epsilon of every LayerNorm
-    n_experts: int = 0  # > 0: every feed-forward network is a mixture of experts (companion.moe, Chapter 14)
-    expert_top_k: int = 1  # experts per token (1: Switch, 2: GShard/Mixtral)
-    capacity_factor: float = 1.25  # expert capacity = factor * top_k * tokens per sequence / n_experts
     n_kv_heads: int | None = None  # Hkv, key/value heads (None: n_heads; 1: multi-query; between: grouped-query)
 
     def __post_init__(self) -> None:
@@ -75,14 +72,6 @@ class GPTConfig:
                                             or self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, "
                              f"got {self.n_kv_heads!r}")
-        if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
-            raise ValueError(f"n_experts must be an int >= 0 (0: a dense FFN), got {self.n_experts!r}")
-        if self.expert_top_k not in (1, 2) or isinstance(self.expert_top_k, bool):
-            raise ValueError(f"expert_top_k must be 1 or 2, got {self.expert_top_k!r}")
-        if self.n_experts and self.expert_top_k > self.n_experts:
-            raise ValueError(f"expert_top_k={self.expert_top_k} exceeds n_experts={self.n_experts}")
-        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not self.capacity_factor > 0:
-            raise ValueError(f"capacity_factor must be a positive number, got {self.capacity_factor!r}")
 
     @property
     def d_head(self) -> int:
@@ -111,6 +100,14 @@ GPT2_XL = GPTConfig(vocab_size=50257, max_positions=1024, d_model=1600, n_layers
 GPT3_175B = GPTConfig(vocab_size=50257, max_positions=2048, d_model=12288, n_layers=96, n_heads=96)
 
 
+FFNFactory = Callable[[GPTConfig, int], nn.Module]  # (cfg, layer_idx) -> a (B, T, D) -> (B, T, D) module
+
+
+def dense_ffn(cfg: GPTConfig, layer_idx: int) -> FeedForward:
+    """GPT's feed-forward network: ``D -> F -> D`` with ``cfg.activation`` (the default of :class:`GPT`)."""
+    return FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
+
+
 class GPTBlock(Block):
     """One decoder block of :class:`GPT`: a :class:`~companion.blocks.Block` with GPT's parts.
 
@@ -119,19 +116,13 @@ class GPTBlock(Block):
     The attention is masked by the model (causal, and padding with an ``attention_mask``).
     """
 
-    def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: GPTConfig, layer_idx: int, ffn: FFNFactory | None = None) -> None:
         # Creation order norm1, attention, norm2, FFN: the order GPT's seeded initialisation was written with.
         norm1 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
         attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, bias=cfg.bias,
                                   dropout=cfg.dropout, layer_idx=layer_idx)
         norm2 = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias)
-        if cfg.n_experts:
-            from ..moe import MoEFeedForward
-
-            ffn = MoEFeedForward(cfg.d_model, cfg.ff_size, cfg.n_experts, top_k=cfg.expert_top_k,
-                                 capacity_factor=cfg.capacity_factor, activation=cfg.activation, bias=cfg.bias)
-        else:
-            ffn = FeedForward(cfg.d_model, cfg.ff_size, activation=cfg.activation, bias=cfg.bias)
+        ffn = (ffn or dense_ffn)(cfg, layer_idx)
         super().__init__(attn, ffn, norm1, norm2, norm_first=cfg.norm_first, dropout=cfg.dropout)
 
 
@@ -142,27 +133,32 @@ class GPT(nn.Module):
     :class:`~companion.kv_cache.KVCache`, ``idx`` holds only the new tokens,
     whose positions start at ``cache.length``; each block appends its new keys
     and values to the cache.
+
+    ``ffn(cfg, layer_idx)`` builds each block's feed-forward network (default
+    :func:`dense_ffn`); :func:`companion.moe.moe_gpt` passes a mixture of experts.
     """
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, ffn: FFNFactory | None = None) -> None:
         super().__init__()
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # token embedding (V, D)
-        self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)  # learned position embedding
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # token embedding (V, D)
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model)  # learned position embedding
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(GPTBlock(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
+        self.blocks = nn.ModuleList(GPTBlock(cfg, i, ffn) for i in range(cfg.n_layers))
+        self.norm_f = make_norm("layernorm", cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.wte.weight  # one (V, D) matrix used twice
+            self.lm_head.weight = self.tok_emb.weight  # one (V, D) matrix used twice
         self.apply(self._init_weights)
-        # GPT-2 (section 2.3): scale the weights of residual projections by 1/sqrt(N), N = 2 * n_layers.
-        for name, p in self.named_parameters():
-            # (every expert of a mixture-of-experts FFN is a residual projection too: ffn.experts.<i>.down.weight)
-            if name.endswith(("self_attn.out.weight", "ffn.down.weight")) or re.search(r"ffn\.experts\.\d+\.down\.weight$", name):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        # GPT-2 (section 2.3): scale the weights of residual projections by 1/sqrt(N), N = 2 * n_layers:
+        # the attention's output projection and every feed-forward network's down projection
+        # (each expert of a mixture of experts is a FeedForward too).
+        for m in self.modules():
+            if isinstance(m, (MultiHeadAttention, FeedForward, GatedFeedForward)):
+                w = m.out.weight if isinstance(m, MultiHeadAttention) else m.down.weight
+                nn.init.normal_(w, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     @property
     def max_positions(self) -> int:
@@ -190,10 +186,7 @@ class GPT(nn.Module):
         keys are masked and positions count real tokens only, so a left-padded
         prompt gives the logits it gives alone (what Hugging Face ``generate`` does).
         """
-        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
-            raise TypeError(f"idx must be a torch.long tensor of shape (B, T), got {getattr(idx, 'dtype', type(idx).__name__)}")
-        if idx.dim() != 2 or idx.shape[1] == 0:
-            raise ValueError(f"idx must have shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        check_token_ids("idx", idx, self.cfg.vocab_size)
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -217,18 +210,13 @@ class GPT(nn.Module):
             # Position of a token = number of real tokens before it (padding takes no position).
             pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
             mask = keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, D)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask, is_causal=True, cache=cache)
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)
 
 
 # --------------------------------------------------------------------------- parameter counts
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (a tied matrix counts once); works on the meta device."""
-    return sum(p.numel() for p in model.parameters())  # .parameters() already skips duplicates
 
 
 def gpt_param_formula(cfg: GPTConfig) -> int:
@@ -250,15 +238,6 @@ def gpt_param_formula(cfg: GPTConfig) -> int:
 
 # --------------------------------------------------------------------------- Hugging Face loading
 
-_HF_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
-
-
-def _activation_from_hf(name: str) -> str:
-    if name not in _HF_ACT:
-        raise ValueError(f"unsupported Hugging Face activation {name!r}; expected one of {sorted(_HF_ACT)}")
-    return _HF_ACT[name]
-
-
 def config_from_hf(hf_config) -> GPTConfig:
     """``GPTConfig`` equivalent to a Hugging Face ``GPT2Config``."""
     if getattr(hf_config, "model_type", None) != "gpt2":
@@ -271,7 +250,7 @@ def config_from_hf(hf_config) -> GPTConfig:
         d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
         n_heads=getattr(hf_config, "n_head", 12), d_ff=getattr(hf_config, "n_inner", None),
         norm_first=True, final_norm=True,
-        activation=_activation_from_hf(getattr(hf_config, "activation_function", "gelu_new")),
+        activation=activation_from_hf(getattr(hf_config, "activation_function", "gelu_new"), _ACTIVATIONS),
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
         norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
@@ -309,28 +288,24 @@ def from_hf_gpt2(source) -> GPT:
     """A :class:`GPT` holding the weights of a Hugging Face ``GPT2LMHeadModel`` (or its saved folder)."""
     hf_config, sd = hf_source(source)
     model = GPT(config_from_hf(hf_config))
-    names = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
-             "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias",
+    names = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
+             "norm_f.weight": "transformer.ln_f.weight", "norm_f.bias": "transformer.ln_f.bias",
              **hf_block_names(model, "transformer.")}
     return _load(model, sd, names)
-
-
-# modeling_openai has its own table: ACT_FNS = {"relu": ReLU, "gelu": gelu_new (tanh!), "silu"/"swish": SiLU}.
-_HF_OPENAI_ACT = {"gelu": "gelu_tanh", "relu": "relu"}
 
 
 def config_from_hf_openai(hf_config) -> GPTConfig:
     """``GPTConfig`` equivalent to a Hugging Face ``OpenAIGPTConfig`` (GPT-1: post-LN, no final norm)."""
     if getattr(hf_config, "model_type", None) != "openai-gpt":
         raise TypeError(f"expected an OpenAIGPTConfig, got model_type={getattr(hf_config, 'model_type', None)!r}")
+    # modeling_openai's own table: its "gelu" is GELU's tanh approximation (HF's "gelu_new"), not the erf GELU.
     afn = getattr(hf_config, "afn", "gelu")
-    if afn not in _HF_OPENAI_ACT:
-        raise ValueError(f"unsupported openai-gpt activation {afn!r}; expected one of {sorted(_HF_OPENAI_ACT)}")
+    activation = activation_from_hf("gelu_new" if afn == "gelu" else afn, ("gelu_tanh", "relu"))
     return GPTConfig(
         vocab_size=getattr(hf_config, "vocab_size", 40478), max_positions=getattr(hf_config, "n_positions", 512),
         d_model=getattr(hf_config, "n_embd", 768), n_layers=getattr(hf_config, "n_layer", 12),
         n_heads=getattr(hf_config, "n_head", 12), norm_first=False, final_norm=False,
-        activation=_HF_OPENAI_ACT[afn], tie_embeddings=True,
+        activation=activation, tie_embeddings=True,
         norm_eps=getattr(hf_config, "layer_norm_epsilon", 1e-5),
     )
 
@@ -340,7 +315,7 @@ def from_hf_openai_gpt(source) -> GPT:
     """A :class:`GPT` holding the weights of a Hugging Face ``OpenAIGPTLMHeadModel`` (GPT-1), or its saved folder."""
     hf_config, sd = hf_source(source)
     model = GPT(config_from_hf_openai(hf_config))
-    names = {"wte.weight": "transformer.tokens_embed.weight", "wpe.weight": "transformer.positions_embed.weight",
+    names = {"tok_emb.weight": "transformer.tokens_embed.weight", "pos_emb.weight": "transformer.positions_embed.weight",
              **hf_block_names(model, "transformer.")}
     return _load(model, sd, names)
 

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .._checks import check_token_ids
 from ..attention import MultiHeadAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..training import lm_loss  # re-exported: the one loss of every language model
@@ -51,8 +52,8 @@ class PositionLMConfig:
     n_layers: int = 2  # decoder blocks
     d_ff: int = 256  # hidden size of the feed-forward network
     max_positions: int = 64  # rows of the learned table (only used by "learned")
-    t5_num_buckets: int = 32  # T5's defaults
-    t5_max_distance: int = 128
+    n_buckets: int = 32  # T5's defaults
+    max_distance: int = 128
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
@@ -84,27 +85,26 @@ class PositionLM(nn.Module):
     def __init__(self, cfg: PositionLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.position == "learned":
-            self.pos = LearnedPositionalEmbedding(cfg.max_positions, cfg.d_model)
+            self.pos_emb = LearnedPositionalEmbedding(cfg.max_positions, cfg.d_model)
         if cfg.position == "t5":
             self.rel_bias = RelativePositionBias(cfg.n_heads, bidirectional=False,
-                                                 num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance)
+                                                 n_buckets=cfg.n_buckets, max_distance=cfg.max_distance)
             nn.init.zeros_(self.rel_bias.relative_attention_bias.weight)  # start as NoPE; unseen buckets stay 0
         self.blocks = nn.ModuleList(_PositionBlock(cfg) for _ in range(cfg.n_layers))
-        self.norm = make_norm("layernorm", cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.norm_f = make_norm("layernorm", cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """``ids`` (B, T) -> logits (B, T, V)."""
-        if ids.dim() != 2 or ids.dtype != torch.long:
-            raise ValueError(f"ids must be a (B, T) long tensor, got shape {tuple(ids.shape)} and dtype {ids.dtype}")
-        t, cfg, dev = ids.shape[1], self.cfg, ids.device
-        x = self.embed(ids)  # (B, T, D)
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """``idx`` (B, T) token ids -> logits (B, T, V)."""
+        check_token_ids("idx", idx, self.cfg.vocab_size)
+        t, cfg, dev = idx.shape[1], self.cfg, idx.device
+        x = self.tok_emb(idx)  # (B, T, D)
         if cfg.position == "sinusoidal":
             x = x + sinusoidal_encoding(t, cfg.d_model).to(dev)
         elif cfg.position == "learned":
-            x = x + self.pos(t)  # raises beyond max_positions
+            x = x + self.pos_emb(t)  # raises beyond max_positions
         bias = None  # an additive score bias, the same in every layer
         if cfg.position == "t5":
             bias = self.rel_bias(t)  # (1, H, T, T), computed once, shared by all layers
@@ -113,4 +113,4 @@ class PositionLM(nn.Module):
         rope = rope_cos_sin(torch.arange(t, device=dev), cfg.d_head, base=cfg.rope_base) if cfg.position == "rope" else None
         for block in self.blocks:
             x = block(x, bias=bias, is_causal=True, rope=rope)  # the attention adds bias, then masks
-        return self.head(self.norm(x))  # (B, T, V)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)

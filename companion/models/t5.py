@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from ._hf import LoadReport, copy_by_name_map, hf_source
-from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig, parameter_count
+from ..calculators import parameter_count
+from ._hf import LoadReport, copy_by_name_map, fuse_rows, hf_source
+from .encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
 __all__ = ["t5_config", "T5_SMALL", "T5_SIZES", "t5_size_table", "config_from_hf_t5", "from_hf_t5", "load_pretrained_t5",
            "hf_t5_name_map"]
@@ -45,7 +46,7 @@ def t5_config(
     n_heads: int = 8,
     version: str = "1.0",
     tie_embeddings: bool | None = None,
-    num_buckets: int = 32,
+    n_buckets: int = 32,
     max_distance: int = 128,
     max_positions: int = 512,
     dropout: float = 0.1,
@@ -70,7 +71,7 @@ def t5_config(
         n_encoder_layers=n_layers, n_decoder_layers=n_layers if n_decoder_layers is None else n_decoder_layers,
         norm="rmsnorm", norm_eps=norm_eps, norm_first=True, bias=False, scale_attention=False,
         activation="gelu_tanh" if v11 else "relu", gated=v11,
-        positions="relative", num_buckets=num_buckets, max_distance=max_distance, max_positions=max_positions,
+        positions="relative", n_buckets=n_buckets, max_distance=max_distance, max_positions=max_positions,
         final_norm=True, tie_embeddings=tie, scale_output=tie, dropout=dropout,
         pad_id=pad_id, eos_id=eos_id, decoder_start_id=pad_id, init="t5",
     )
@@ -131,7 +132,7 @@ def config_from_hf_t5(hf_config: Any, *, untied_head: bool | None = None) -> Enc
     cfg = t5_config(
         get("vocab_size"), d_model=get("d_model"), d_kv=get("d_kv"), d_ff=get("d_ff"), n_layers=get("num_layers"),
         n_decoder_layers=get("num_decoder_layers") or get("num_layers"), n_heads=get("num_heads"),
-        version="1.1" if proj == "gated-gelu" else "1.0", num_buckets=get("relative_attention_num_buckets", 32),
+        version="1.1" if proj == "gated-gelu" else "1.0", n_buckets=get("relative_attention_num_buckets", 32),
         max_distance=get("relative_attention_max_distance", 128), dropout=get("dropout_rate", 0.1),
         norm_eps=get("layer_norm_epsilon", 1e-6), pad_id=get("pad_token_id", 0) or 0, eos_id=get("eos_token_id", 1),
     )
@@ -142,7 +143,7 @@ def config_from_hf_t5(hf_config: Any, *, untied_head: bool | None = None) -> Enc
 
 def hf_t5_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
     """Our parameter name -> Hugging Face T5 tensor name (fused ``qkv``/``kv`` rows are built by :func:`from_hf_t5`)."""
-    m = {"embed.weight": "shared.weight",
+    m = {"tok_emb.weight": "shared.weight",
          "encoder_bias.relative_attention_bias.weight": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
          "decoder_bias.relative_attention_bias.weight": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
          "encoder_norm.weight": "encoder.final_layer_norm.weight", "decoder_norm.weight": "decoder.final_layer_norm.weight"}
@@ -167,18 +168,9 @@ def hf_t5_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
     return m
 
 
-def _fused(sd: dict[str, torch.Tensor], cfg: EncoderDecoderConfig) -> dict[str, torch.Tensor]:
-    """``sd`` plus the fused projections: ``qkv`` = rows of q, k, v; ``kv`` = rows of k, v."""
-    out = dict(sd)
-    for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n):
-            p = f"{stack}.block.{i}.layer.0.SelfAttention"
-            if f"{p}.q.weight" in sd:
-                out[f"{p}.qkv.weight"] = torch.cat([sd[f"{p}.{x}.weight"] for x in "qkv"])
-            p = f"{stack}.block.{i}.layer.1.EncDecAttention"
-            if stack == "decoder" and f"{p}.k.weight" in sd:
-                out[f"{p}.kv.weight"] = torch.cat([sd[f"{p}.{x}.weight"] for x in "kv"])
-    return out
+def _fused(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with the fused projections: ``qkv`` = rows of q, k, v (self-attention); ``kv`` = rows of k, v (cross)."""
+    return fuse_rows(fuse_rows(sd, ("q", "k", "v"), "qkv", r"\.SelfAttention$"), ("k", "v"), "kv", r"\.EncDecAttention$")
 
 
 def _untied_head(sd: dict[str, torch.Tensor]) -> bool:
@@ -203,11 +195,11 @@ def from_hf_t5(source, *, return_report: bool = False) -> EncoderDecoder | tuple
         model = EncoderDecoder(cfg)
     model = model.to_empty(device="cpu")
     if cfg.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-    ignore = [r"^(encoder|decoder)\.embed_tokens\.weight$", r"\.SelfAttention\.[qkv]\.weight$", r"\.EncDecAttention\.[kv]\.weight$"]
+        model.lm_head.weight = model.tok_emb.weight
+    ignore = [r"^(encoder|decoder)\.embed_tokens\.weight$"]
     if cfg.tie_embeddings:
         ignore.append(r"^lm_head\.weight$")
-    report = copy_by_name_map(model, _fused(sd, cfg), hf_t5_name_map(cfg), ignore=ignore)
+    report = copy_by_name_map(model, _fused(sd), hf_t5_name_map(cfg), ignore=ignore)
     model.eval()
     return (model, report) if return_report else model
 

@@ -37,19 +37,17 @@ from .._checks import ShapeChecker, check_positive_int, check_probability
 from ..attention import MultiHeadAttention, record_attention
 from ..blocks import TransformerBlock, TransformerDecoderBlock
 from ..generation import generate
-from ..kv_cache import EncoderDecoderCache
-from ..masks import causal_mask, combine_masks, cross_attention_mask, padding_mask
+from ..masks import causal_mask, combine_masks, padding_mask
 from ..positional import sinusoidal_encoding
+from .seq2seq import EncodedSource, Seq2SeqModel
 
 __all__ = [
     "TransformerConfig",
     "Transformer",
-    "Seq2SeqModel",
     "shift_right",
     "decoder_self_mask",
     "seq2seq_loss",
     "greedy_decode",
-    "EncodedSource",
     "cross_attention_weights",
     "block_from_torch_decoder_layer",
 ]
@@ -116,80 +114,6 @@ def decoder_self_mask(tgt_attention_mask: torch.Tensor) -> torch.Tensor:
     return combine_masks(causal_mask(t, device=tgt_attention_mask.device), padding_mask(tgt_attention_mask))  # (B, 1, T, T)
 
 
-class Seq2SeqModel(nn.Module):
-    """What every encoder-decoder of the course shares: this chapter's :class:`Transformer`
-    and Chapter 11's :class:`~companion.models.encoder_decoder.EncoderDecoder` (T5, BART).
-
-    A subclass defines ``encode(src, src_attention_mask) -> memory (B, S, D)``,
-    ``decode_hidden(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=None)
-    -> (B, T, D)`` and ``head(hidden) -> logits (B, T, V)``, and has a ``cfg`` with
-    ``pad_id``, ``max_positions`` and ``n_decoder_layers``. This class makes of them
-    the teacher-forced :meth:`forward`, :meth:`decode`, the decoder cache, the
-    decoder as a causal LM for :mod:`companion.generation` (:meth:`decoder_lm`) and
-    the checks of token ids and decoder inputs.
-    """
-
-    @property
-    def max_positions(self) -> int:
-        """Longest source or target the model's positions cover (``cfg.max_positions``)."""
-        return self.cfg.max_positions
-
-    def new_cache(self) -> EncoderDecoderCache:
-        """An empty decoder cache: self-attention keys grow, cross-attention keys are computed once."""
-        return EncoderDecoderCache(self.cfg.n_decoder_layers)
-
-    def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        """Token ids of shape ``dims``: int64 or int32 (what ``nn.Embedding`` takes), each in ``[0, vocab_size)``."""
-        sc.check(name, ids, dims)
-        if ids.dtype not in (torch.long, torch.int32):
-            raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"{name} ids must lie in [0, {self.cfg.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
-
-    def _check_decoder_inputs(self, tgt_in, memory, src_attention_mask) -> ShapeChecker:
-        """Check what ``decode_hidden`` receives; the returned checker has B, T and S bound."""
-        sc = ShapeChecker()
-        self._check_ids("tgt_in", tgt_in, sc, ("B", "T"))
-        sc.check("memory", memory, ("B", "S", self.cfg.d_model))
-        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
-        return sc
-
-    def decode(
-        self,
-        tgt_in: torch.Tensor,
-        memory: torch.Tensor,
-        src_attention_mask: torch.Tensor,
-        tgt_attention_mask: torch.Tensor | None = None,
-        *,
-        cache: EncoderDecoderCache | None = None,
-    ) -> torch.Tensor:
-        """Decoder input ids (B, T) and memory (B, S, D) -> logits (B, T, V).
-
-        With a ``cache`` (:meth:`new_cache`), ``tgt_in`` holds only the new decoder
-        tokens and ``tgt_attention_mask``, if given, covers cached and new ones.
-        """
-        return self.head(self.decode_hidden(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=cache))
-
-    def forward(
-        self,
-        src: torch.Tensor,
-        tgt_in: torch.Tensor,
-        src_attention_mask: torch.Tensor | None = None,
-        tgt_attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T)."""
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        memory = self.encode(src, src_attention_mask)
-        return self.decode(tgt_in, memory, src_attention_mask, tgt_attention_mask)
-
-    def decoder_lm(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> "EncodedSource":
-        """Encode ``src`` once and return the decoder as a causal LM for :mod:`companion.generation`."""
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        return EncodedSource(self, self.encode(src, src_attention_mask), src_attention_mask)  # (B, S, D) memory
-
-
 class Transformer(Seq2SeqModel):
     """Encoder-decoder Transformer with post-LN layers (Vaswani et al., 2017, figure 1)."""
 
@@ -198,7 +122,7 @@ class Transformer(Seq2SeqModel):
         if not isinstance(cfg, TransformerConfig):
             raise TypeError(f"expected a TransformerConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.register_buffer("pe", sinusoidal_encoding(cfg.max_positions, cfg.d_model), persistent=False)  # (P, D)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -214,8 +138,8 @@ class Transformer(Seq2SeqModel):
             # Shared with the output projection, the embedding starts with the scale of a
             # linear layer (std d_model^-0.5); the sqrt(d_model) factor then gives the
             # embedded tokens unit scale, comparable to the positional encoding.
-            nn.init.normal_(self.embed.weight, std=cfg.d_model ** -0.5)
-            self.lm_head.weight = self.embed.weight
+            nn.init.normal_(self.tok_emb.weight, std=cfg.d_model ** -0.5)
+            self.lm_head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -226,54 +150,13 @@ class Transformer(Seq2SeqModel):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=1.0)
 
-    def _check_ids(self, name: str, ids: torch.Tensor, sc: ShapeChecker, dims: tuple[str, str]) -> None:
-        super()._check_ids(name, ids, sc, dims)
-        if ids.shape[1] > self.cfg.max_positions:
-            raise ValueError(f"{name} has length {ids.shape[1]}, longer than max_positions={self.cfg.max_positions}")
-
     def embed_tokens(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         """``Embedding(ids) * sqrt(d_model) + PE[start:start + length]``, then dropout (sections 3.4, 3.5)."""
-        x = self.embed(ids) * math.sqrt(self.cfg.d_model)  # (B, L, D)
+        x = self.tok_emb(ids) * math.sqrt(self.cfg.d_model)  # (B, L, D)
         return self.drop(x + self.pe[start : start + ids.shape[1]])  # (B, L, D)
 
-    def encode(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Source ids (B, S) -> memory (B, S, D). The mask (B, S) is 1 on real tokens (default: ``src != pad_id``)."""
-        sc = ShapeChecker()
-        self._check_ids("src", src, sc, ("B", "S"))
-        if src_attention_mask is None:
-            src_attention_mask = src != self.cfg.pad_id
-        sc.check("src_attention_mask", src_attention_mask, ("B", "S"))
-        mask = padding_mask(src_attention_mask)  # (B, 1, 1, S)
-        x = self.embed_tokens(src)
-        for block in self.encoder:
-            x = block(x, mask)  # (B, S, D)
-        return x
-
-    def decode_hidden(
-        self,
-        tgt_in: torch.Tensor,
-        memory: torch.Tensor,
-        src_attention_mask: torch.Tensor,
-        tgt_attention_mask: torch.Tensor | None = None,
-        *,
-        cache: EncoderDecoderCache | None = None,
-    ) -> torch.Tensor:
-        """The last decoder layer's output (B, T, D); :meth:`decode` applies the head."""
-        sc = self._check_decoder_inputs(tgt_in, memory, src_attention_mask)
-        start = 0 if cache is None else cache.length
-        t = tgt_in.shape[1]
-        if start + t > self.cfg.max_positions:
-            raise ValueError(f"decoder positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}")
-        # Target padding here; the causal rule (bottom-right when keys are cached) is the kernel's: is_causal below.
-        self_mask = None
-        if tgt_attention_mask is not None:
-            sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
-            self_mask = padding_mask(tgt_attention_mask)  # (B, 1, 1, start + T)
-        cross_mask = cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
-        x = self.embed_tokens(tgt_in, start)
-        for block in self.decoder:
-            x = block(x, memory, self_mask, cross_mask, is_causal=True, cache=cache)  # (B, T, D)
-        return x
+    def _embed(self, ids: torch.Tensor, start: int, decoder: bool) -> torch.Tensor:
+        return self.embed_tokens(ids, start)  # one table and one sinusoid for source and target
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder output (B, T, D) -> logits (B, T, V): the pre-softmax projection (tied to the embedding)."""
@@ -290,36 +173,6 @@ def seq2seq_loss(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, *, bo
     logits = model(src, tgt_in, src_attention_mask, tgt_attention_mask)  # (B, T, V)
     labels = tgt.masked_fill(tgt == pad, -100)
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-
-
-class EncodedSource:
-    """An encoder-decoder with its source encoded: the decoder as a causal LM for :mod:`companion.generation`.
-
-    Works for any model with ``decode(tgt_in, memory, src_attention_mask, tgt_attention_mask, cache=...)``,
-    ``new_cache()`` and ``max_positions`` (:class:`Transformer`, Chapter 11's
-    :class:`~companion.models.encoder_decoder.EncoderDecoder`).
-
-    ``generate`` and ``beam_search`` drive it like a decoder-only model
-    (``new_cache``, ``max_positions``, ``__call__``); beam search feeds
-    ``K`` rows per source, so memory rows are repeated to match.
-    """
-
-    def __init__(self, model: nn.Module, memory: torch.Tensor, src_attention_mask: torch.Tensor) -> None:
-        self.model, self.memory, self.src_attention_mask = model, memory, src_attention_mask
-        self.max_positions = getattr(model, "max_positions", None) or model.cfg.max_positions
-
-    def new_cache(self) -> EncoderDecoderCache:
-        return self.model.new_cache()
-
-    def __call__(self, idx: torch.Tensor, *, cache: EncoderDecoderCache | None = None,
-                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        memory, src_mask = self.memory, self.src_attention_mask
-        if idx.shape[0] != memory.shape[0]:
-            rep = idx.shape[0] // memory.shape[0]  # beams per source
-            memory, src_mask = memory.repeat_interleave(rep, dim=0), src_mask.repeat_interleave(rep, dim=0)
-        if cache is None:  # (stand-ins with the same encode/decode methods need not know caches)
-            return self.model.decode(idx, memory, src_mask, attention_mask)  # (B, T, V)
-        return self.model.decode(idx, memory, src_mask, attention_mask, cache=cache)  # (B, T, V)
 
 
 @torch.no_grad()
