@@ -23,7 +23,7 @@ from ._loading import copy_by_name_map
 from .attention import CrossAttention, MultiHeadAttention
 
 __all__ = [
-    "layer_norm", "rms_norm", "residual", "RMSNorm", "make_norm",
+    "layer_norm", "rms_norm", "residual", "RMSNorm", "make_norm", "ACTIVATIONS", "check_activation",
     "FeedForward", "GatedFeedForward", "Block", "DecoderBlock", "TransformerBlock", "TransformerDecoderBlock",
 ]
 
@@ -131,7 +131,7 @@ def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool | None
     raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
 
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
@@ -139,9 +139,9 @@ _ACTIVATIONS = {
 }
 
 
-def _check_activation(activation: str) -> str:
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+def check_activation(activation: str) -> str:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     return activation
 
 
@@ -153,13 +153,13 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, activation: Activation = "relu", dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        self.activation = _check_activation(activation)
+        self.activation = check_activation(activation)
         self.up = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff), bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
         self.drop = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.drop(_ACTIVATIONS[self.activation](self.up(x))))  # (B, T, D)
+        return self.down(self.drop(ACTIVATIONS[self.activation](self.up(x))))  # (B, T, D)
 
 
 class GatedFeedForward(nn.Module):
@@ -172,14 +172,14 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, activation: Activation = "gelu_tanh", dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
-        self.activation = _check_activation(activation)
+        self.activation = check_activation(activation)
         self.gate = nn.Linear(check_positive_int("d_model", d_model), check_positive_int("d_ff", d_ff), bias=bias)
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
         self.drop = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = _ACTIVATIONS[self.activation](self.gate(x)) * self.up(x)  # (B, T, F)
+        h = ACTIVATIONS[self.activation](self.gate(x)) * self.up(x)  # (B, T, F)
         return self.down(self.drop(h))  # (B, T, D)
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .blocks import _ACTIVATIONS, FeedForward
+from .blocks import ACTIVATIONS, FeedForward
 
 __all__ = ["init", "shard", "rank_batches", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "pipeline_step"]
 
@@ -164,7 +164,7 @@ class TensorParallelMLP(nn.Module):
         self.down = RowParallelLinear(ffn.down, rank, world)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(_ACTIVATIONS[self.activation](self.up(x)))
+        return self.down(ACTIVATIONS[self.activation](self.up(x)))
 
 
 def pipeline_step(stage: nn.Module, rank: int, micro_batches: list[torch.Tensor], loss_fn=None,

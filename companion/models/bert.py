@@ -33,7 +33,7 @@ from torch import nn
 
 from .._checks import ShapeChecker, check_positive_int, check_probability, check_token_ids
 from ..attention import MultiHeadAttention
-from ..blocks import _ACTIVATIONS as _ACTIVATION_FNS  # the FFN's table: one GELU for both
+from ..blocks import ACTIVATIONS  # the FFN's table: one GELU for both
 from ..blocks import Block, FeedForward, make_norm
 from ..masks import padding_mask
 from ._hf import activation_from_hf, copy_by_name_map, fuse_rows, hf_source
@@ -213,7 +213,7 @@ class MLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = self.norm(_ACTIVATION_FNS[self.activation](self.dense(hidden)))  # (B, T, D)
+        h = self.norm(ACTIVATIONS[self.activation](self.dense(hidden)))  # (B, T, D)
         return nn.functional.linear(h, self.tok_emb.weight, self.bias)  # (B, T, V): h E^T + b
 
 

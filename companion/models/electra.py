@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import _ACTIVATIONS as _ACTIVATION_FNS
+from ..blocks import ACTIVATIONS
 from ..mlm import IGNORE_INDEX
 from ._hf import copy_by_name_map, hf_source
 from .bert import (_HF_IGNORE, BertConfig, BertForMaskedLM, BertModel, _encoder_names, _fuse_qkv, _init_weights,
@@ -56,7 +56,7 @@ class ElectraDiscriminator(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> torch.Tensor:
         h = self.bert(input_ids, attention_mask, segment_ids, position_ids).hidden  # (B, T, D)
-        return self.out(_ACTIVATION_FNS[self.cfg.activation](self.dense(h))).squeeze(-1)  # (B, T)
+        return self.out(ACTIVATIONS[self.cfg.activation](self.dense(h))).squeeze(-1)  # (B, T)
 
 
 def replaced_token_labels(original: torch.Tensor, corrupted: torch.Tensor) -> torch.Tensor:

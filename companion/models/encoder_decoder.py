@@ -44,7 +44,7 @@ from torch import nn
 
 from .._checks import check_positive_int, check_probability
 from ..attention import CrossAttention, MultiHeadAttention
-from ..blocks import Block, DecoderBlock, FeedForward, GatedFeedForward, _check_activation, make_norm
+from ..blocks import Block, DecoderBlock, FeedForward, GatedFeedForward, check_activation, make_norm
 from ..generation import BeamSearchOutput, beam_search, generate
 from ..positional import RelativePositionBias
 from .seq2seq import Seq2SeqModel
@@ -100,7 +100,7 @@ class EncoderDecoderConfig:
             raise ValueError(f"positions must be 'relative' or 'learned', got {self.positions!r}")
         if self.init not in ("t5", "bart"):
             raise ValueError(f"init must be 't5' or 'bart', got {self.init!r}")
-        _check_activation(self.activation)
+        check_activation(self.activation)
         check_probability("dropout", self.dropout)
         if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) or self.position_offset < 0:
             raise ValueError(f"position_offset must be a non-negative int, got {self.position_offset!r}")
