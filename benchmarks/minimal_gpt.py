@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Row, Settings, paired_median_seconds
+from .common import Row, Settings, on_device, paired_median_seconds
 
 VOCAB, D_MODEL, N_LAYERS, N_HEADS, BLOCK, BATCH = 65, 128, 4, 4, 64, 12
+DEVICES = ("cpu", "cuda", "mps")
 
 
 class _Block(nn.Module):
@@ -85,21 +86,33 @@ def _step(model, opt, x, y):
 
 
 def training(settings: Settings) -> list[Row]:
-    ours, minimal = _pair()
+    ours, minimal = on_device(settings, *_pair())
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, VOCAB, (BATCH, BLOCK), generator=g)
-    y = torch.randint(0, VOCAB, (BATCH, BLOCK), generator=g)
+    batch = BATCH if settings.device == "cpu" else 8 * BATCH  # a GPU idles on the CPU's batch
+    x, y = on_device(settings, torch.randint(0, VOCAB, (batch, BLOCK), generator=g),
+                     torch.randint(0, VOCAB, (batch, BLOCK), generator=g))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), minimal(x), atol=1e-5, rtol=1e-5)
     ours.train(), minimal.train()
-    opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    opt_b = torch.optim.AdamW(minimal.parameters(), lr=1e-4)
     steps = 5 if settings.quick else 10
-    ta, tb = paired_median_seconds(lambda: [_step(ours, opt_a, x, y) for _ in range(steps)],
-                                   lambda: [_step(minimal, opt_b, x, y) for _ in range(steps)], settings)
-    tokens = steps * BATCH * BLOCK
-    return [Row("GPT training step vs a minimal fused GPT", f"4x128, 4 heads, B={BATCH}, T={BLOCK}, "
-                f"{torch.get_num_threads()} thread(s)", "companion", tokens / ta, "minimal GPT", tokens / tb, "tok/s")]
+    tokens = steps * batch * BLOCK
+    where = f"{torch.get_num_threads()} thread(s)" if settings.device == "cpu" else settings.device
+    setting = f"4x128, 4 heads, B={batch}, T={BLOCK}, {where}"
+
+    def timed(a, b):
+        opt_a, opt_b = (torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (a, b))
+        ta, tb = paired_median_seconds(lambda: [_step(a, opt_a, x, y) for _ in range(steps)],
+                                       lambda: [_step(b, opt_b, x, y) for _ in range(steps)], settings)
+        return tokens / ta, tokens / tb
+
+    eager_ours, eager_minimal = timed(ours, minimal)
+    rows = [Row("GPT training step vs a minimal fused GPT", setting, "companion", eager_ours, "minimal GPT",
+                eager_minimal, "tok/s")]
+    if settings.compile:
+        compiled_ours, compiled_minimal = timed(torch.compile(ours), torch.compile(minimal))
+        rows.append(Row("GPT training step vs a minimal fused GPT, torch.compile", setting, "companion compiled",
+                        compiled_ours, "minimal GPT compiled", compiled_minimal, "tok/s"))
+    return rows
 
 
 BENCHMARKS = {"training": training}
