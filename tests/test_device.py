@@ -195,3 +195,18 @@ def test_scaling_forward_feeds_the_model_on_its_device(device):
             out = _forward(name, model.to(device), 8)()
         main = out if isinstance(out, torch.Tensor) else out[0]
         assert main.device.type == torch.device(device).type, name
+
+
+def test_text_to_text_trains_on_the_device_and_returns_a_cpu_model(device):
+    from companion.text_to_text_t5 import TextToTextRecipe, train_text_to_text
+
+    recipe = TextToTextRecipe(d_model=16, d_kv=4, n_heads=2, d_ff=32, n_layers=1, batch_size=4, n_monitor=2,
+                              n_heldout=2)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=3, warmup_steps=1, eval_every=3))
+    here = train_text_to_text(recipe, device=device)
+    assert all(p.device.type == "cpu" for p in here["model"].parameters())
+    assert set(here["record"]["exact_match"]) == {"reverse", "sort", "add"}
+    if torch.device(device).type == "cpu":  # on the CPU, device= changes nothing
+        plain = train_text_to_text(recipe)
+        assert plain["record"]["curve"] == here["record"]["curve"]
+        assert plain["record"]["final_train_loss"] == here["record"]["final_train_loss"]
