@@ -29,6 +29,10 @@ from companion.masks import sliding_window_mask
 from companion.memory import peak_tensor_bytes
 from companion.tiled_attention import tiled_attention
 
+# The CPU only, by nature: peak_tensor_bytes counts the CPU allocator's tensors, and the Python-loop tiled
+# attention says nothing about a GPU's fused kernels (benchmarks.gpt times attention on a GPU inside the model).
+DEVICES = ("cpu",)
+
 
 def _naive(q, k, v):
     return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v

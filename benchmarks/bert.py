@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import Row, Settings, paired_median_seconds
+from .common import Row, Settings, on_device, paired_median_seconds
+
+DEVICES = ("cpu", "cuda", "mps")  # models and batches on Settings.device
 
 # A 1.3M-parameter BERT: 4 layers, D=128, 4 heads, F=512, a WordPiece-sized vocabulary of 4,000.
 VOCAB, D_MODEL, N_LAYERS, N_HEADS, D_FF, MAX_POS = 4000, 128, 4, 4, 512, 512
@@ -50,10 +52,10 @@ def _batch(batch: int, t: int):
 
 
 def bench_forward(settings: Settings) -> list[Row]:
-    hf, ours = _models()
+    hf, ours = on_device(settings, *_models())
     hf.eval(), ours.eval()
     batch, t = (8, 128) if settings.quick else (16, 256)
-    ids, att, _ = _batch(batch, t)
+    ids, att, _ = on_device(settings, *_batch(batch, t))
     with torch.no_grad():
         a = ours(ids, att).mlm_logits
         b = hf(input_ids=ids, attention_mask=att).logits
@@ -75,10 +77,10 @@ def _mlm_step(model, optimizer, ids, att, labels, hf: bool):
 
 
 def bench_mlm_training(settings: Settings) -> list[Row]:
-    hf, ours = _models()
+    hf, ours = on_device(settings, *_models())
     hf.train(), ours.train()
     batch, t = (8, 128) if settings.quick else (16, 128)
-    ids, att, labels = _batch(batch, t)
+    ids, att, labels = on_device(settings, *_batch(batch, t))
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
     opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
     steps = 2 if settings.quick else 3

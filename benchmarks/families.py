@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import Row, Settings, paired_median_seconds
+from benchmarks.common import Row, Settings, on_device, paired_median_seconds
 from companion.experiments.scaling import family_models
 from companion.generation import generate
 
+DEVICES = ("cpu", "cuda", "mps")  # models and ids on Settings.device
+
 
 def train_vs_generate(settings: Settings) -> list[Row]:
-    model = family_models()["decoder"]
+    model = on_device(settings, family_models()["decoder"])
     rows = []
     for t in ((64,) if settings.quick else (64, 256)):
-        ids = torch.randint(1, model.cfg.vocab_size, (1, t), generator=torch.Generator().manual_seed(t))
+        ids = on_device(settings, torch.randint(1, model.cfg.vocab_size, (1, t), generator=torch.Generator().manual_seed(t)))
         with torch.no_grad():
             ta, tb = paired_median_seconds(lambda: generate(model, ids[:, :1], t - 1), lambda: model(ids), settings)
         rows.append(Row("generate T tokens vs one training pass", f"decoder D=128, 2 layers, T={t}",
@@ -31,11 +33,11 @@ def train_vs_generate(settings: Settings) -> list[Row]:
 
 
 def family_forward(settings: Settings) -> list[Row]:
-    models = family_models()
+    models = {name: on_device(settings, m) for name, m in family_models().items()}
     rows = []
     for t in ((256,) if settings.quick else (256, 1024)):
         g = torch.Generator().manual_seed(t)
-        ids = torch.randint(1, 256, (1, t), generator=g)
+        ids = on_device(settings, torch.randint(1, 256, (1, t), generator=g))
         half = ids[:, : t // 2]
         calls = {"encoder": lambda: models["encoder"](ids), "encoder-decoder": lambda: models["encoder-decoder"](half, half)}
         with torch.no_grad():

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .common import Row, Settings, paired_median_seconds
+from .common import Row, Settings, on_device, paired_median_seconds
+
+DEVICES = ("cpu", "cuda", "mps")  # models and batches on Settings.device
 
 # A T5 v1.1-style model (gated GELU, untied head) of 2.6M parameters: D=128, 4 heads of d_kv=32,
 # F=512, 4 encoder and 4 decoder layers, a vocabulary of 4,000.
@@ -50,10 +52,10 @@ def _batch(batch: int, s: int):
 
 
 def bench_forward(settings: Settings) -> list[Row]:
-    hf, ours = _models()
+    hf, ours = on_device(settings, *_models())
     batch, s, t = (8, 64, 32) if settings.quick else (16, 128, 64)
-    src, att = _batch(batch, s)
-    tgt = torch.randint(2, VOCAB, (batch, t), generator=torch.Generator().manual_seed(2))
+    src, att = on_device(settings, *_batch(batch, s))
+    tgt = on_device(settings, torch.randint(2, VOCAB, (batch, t), generator=torch.Generator().manual_seed(2)))
     with torch.no_grad():
         a = ours(src, tgt, att)
         b = hf(input_ids=src, attention_mask=att, decoder_input_ids=tgt).logits
@@ -70,14 +72,14 @@ def _ours_greedy(model, src, att, n: int, use_cache: bool = True) -> torch.Tenso
     from companion.generation import generate
 
     lm = model.decoder_lm(src, att)
-    start = torch.zeros(src.shape[0], 1, dtype=torch.long)
+    start = torch.zeros(src.shape[0], 1, dtype=torch.long, device=src.device)
     return generate(lm, start, n, use_cache=use_cache)  # no EOS: every row runs n steps, as on the HF side
 
 
 def bench_generation(settings: Settings) -> list[Row]:
-    hf, ours = _models()
+    hf, ours = on_device(settings, *_models())
     batch, s, n = (4, 64, 24) if settings.quick else (8, 128, 48)
-    src, att = _batch(batch, s)
+    src, att = on_device(settings, *_batch(batch, s))
 
     def theirs():
         return hf.generate(input_ids=src, attention_mask=att, max_new_tokens=n, do_sample=False, num_beams=1,
@@ -94,9 +96,9 @@ def bench_generation(settings: Settings) -> list[Row]:
 
 
 def bench_cache(settings: Settings) -> list[Row]:
-    _, ours = _models()
+    ours = on_device(settings, _models()[1])
     batch, s = 2, 32
-    src, att = _batch(batch, s)
+    src, att = on_device(settings, *_batch(batch, s))
     rows = []
     with torch.no_grad():
         for n in ((16, 48) if settings.quick else (16, 48, 96)):

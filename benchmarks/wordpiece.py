@@ -21,6 +21,8 @@ from companion.data import load_pydoc_text
 from companion.tokenizers.bpe import merge_pair
 from companion.tokenizers import BERT_SPECIAL_TOKENS, bert_normalize, bert_pretokenize, train_wordpiece
 
+DEVICES = ("cpu",)  # tokenizer training is string work in Python: the CPU only, by nature
+
 
 def naive_train_wordpiece(text: str, vocab_size: int) -> dict[str, int]:
     """The textbook loop: after every merge, recount all pairs of all words from scratch."""

@@ -203,7 +203,7 @@ def predict(model: nn.Module, data: TaskData, *, batch_size: int = 128) -> torch
             start, end = (_masked_span(x, part.attention_mask) for x in out)
             score = start.unsqueeze(2) + end.unsqueeze(1)  # (B, T, T): start s, end e
             t = score.shape[-1]
-            score = score.masked_fill(~torch.ones(t, t, dtype=torch.bool).triu(), float("-inf"))  # e >= s
+            score = score.masked_fill(~torch.ones(t, t, dtype=torch.bool, device=score.device).triu(), float("-inf"))  # e >= s
             best = score.flatten(1).argmax(-1)
             preds.append(torch.stack([best // t, best % t], dim=1))
         else:

@@ -66,7 +66,7 @@ def special_tokens_mask(input_ids: torch.Tensor, special_ids: Iterable[int],
                         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean tensor, True where a position may **not** be selected: a special id, or padding (mask 0)."""
     input_ids = _check_ids("input_ids", input_ids)
-    special = torch.tensor(sorted({int(i) for i in special_ids}), dtype=input_ids.dtype)
+    special = torch.tensor(sorted({int(i) for i in special_ids}), dtype=input_ids.dtype, device=input_ids.device)
     blocked = torch.isin(input_ids, special)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:

@@ -279,7 +279,8 @@ def from_hf_switch_mlp(hf_mlp, *, capacity: int) -> MoEFeedForward:
 def moe_aux_loss(model: nn.Module, *, balance_weight: float = 0.01, z_weight: float = 0.001) -> torch.Tensor:
     """The auxiliary losses of the last forward pass, summed over every :class:`MoEFeedForward` in ``model``:
     ``balance_weight * load_balancing + z_weight * z`` (Switch's 0.01, ST-MoE's 0.001). 0 for a dense model."""
-    total = torch.zeros(())
+    first = next(model.parameters(), None)
+    total = torch.zeros((), device=None if first is None else first.device)  # on the model's device
     for m in model.modules():
         if isinstance(m, MoEFeedForward) and m.aux:
             total = total + balance_weight * m.aux["load_balancing"] + z_weight * m.aux["z"]

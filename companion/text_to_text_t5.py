@@ -28,6 +28,7 @@ from .models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig, genera
 from .models.transformer import seq2seq_loss
 from .models.t5 import t5_config
 from .text_to_text import TASKS, make_example
+from .device import to_device
 from .training import TrainConfig, train
 
 __all__ = ["CharVocab", "TextToTextRecipe", "encode_pairs", "exact_match_by_task", "heldout_pairs", "training_inputs",
@@ -101,8 +102,8 @@ def exact_match_by_task(model: EncoderDecoder, vocab: CharVocab, pairs: list[tup
     hits: dict[str, list[bool]] = {}
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        src, mask, tgt = encode_pairs(vocab, chunk)
-        out = generate_seq2seq(model, src, src_attention_mask=mask, max_new_tokens=tgt.shape[1] + 2)
+        src, mask, tgt = to_device(encode_pairs(vocab, chunk), next(model.parameters()).device)
+        out = generate_seq2seq(model, src, src_attention_mask=mask, max_new_tokens=tgt.shape[1] + 2).cpu()
         for (x, y), row in zip(chunk, out):
             hits.setdefault(x.split(":")[0], []).append(vocab.decode(row[1:]) == y)
     return {task: sum(h) / len(h) for task, h in hits.items()}
@@ -172,7 +173,8 @@ def evaluate_heldout(model: EncoderDecoder, vocab: CharVocab, recipe: TextToText
     return exact_match_by_task(model, vocab, test)
 
 
-def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progress: bool = False) -> dict[str, Any]:
+def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progress: bool = False,
+                       device: str | torch.device | None = None) -> dict[str, Any]:
     """Train one T5 on the mixture of :data:`companion.text_to_text.TASKS` and evaluate it.
 
     Training draws fresh examples (tasks in turn) from a seeded stream; the
@@ -180,7 +182,8 @@ def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progres
     rounded to float16 precision (the checkpoint's) before the final evaluation. Returns a dict with
     ``model``, ``vocab`` and ``record`` (JSON-ready: config, steps, learning
     curve of per-task exact match on a monitoring set, final held-out exact
-    match per task, wall time of the training loop).
+    match per task, wall time of the training loop). ``device`` (e.g. ``pick_device()``) trains and
+    evaluates there; the model comes back on the CPU. Without it everything runs where it did (the CPU).
     """
     torch.manual_seed(recipe.seed)
     vocab = CharVocab()
@@ -201,13 +204,14 @@ def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progres
     curve: list[dict[str, Any]] = []
 
     def eval_fn(m):
-        src, mask, tgt = encode_pairs(vocab, monitor)
+        src, mask, tgt = to_device(encode_pairs(vocab, monitor), device)
         loss = float(loss_fn(m, (src, mask, tgt)))
         curve.append(dict(loss=round(loss, 4), exact_match=exact_match_by_task(m, vocab, monitor)))
         return loss
 
     t0 = time.perf_counter()
-    hist = train(model, loss_fn, get_batch, recipe.train, eval_fn=eval_fn, progress=progress, desc="text-to-text")
+    hist = train(model, loss_fn, get_batch, recipe.train, eval_fn=eval_fn, progress=progress, desc="text-to-text",
+                 device=device)
     wall = time.perf_counter() - t0
     for point, step in zip(curve, hist.eval_steps):
         point["step"] = step
@@ -222,7 +226,7 @@ def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progres
         final_train_loss=round(sum(hist.train_loss[-50:]) / len(hist.train_loss[-50:]), 4),
         wall_time_s=round(wall, 1), threads=torch.get_num_threads(),
     )
-    return dict(model=model.eval(), vocab=vocab, record=record)
+    return dict(model=model.cpu().eval(), vocab=vocab, record=record)
 
 
 def load_text_to_text() -> tuple[EncoderDecoder, CharVocab, dict[str, Any]]:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from companion.device import pick_device
 from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
 from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
 from companion.calculators import count_parameters
 from companion.training import TrainConfig, train
+from device_args import add_device_arguments, device_from_args
 
 # The shipped run. Sizes follow the chapter: 4 pre-LN blocks of width 128 (0.8M parameters).
 MODEL = dict(max_positions=128, d_model=128, n_layers=4, n_heads=4, dropout=0.0)
@@ -48,14 +48,10 @@ def main() -> None:
     # Two threads on an idle 2-core machine (15,000 training tokens/s against 9,500 with one);
     # the thread count changes the summation order, so it is part of what reproduces the checkpoint.
     parser.add_argument("--threads", type=int, default=2)
-    # The shipped checkpoint was trained on the CPU (the default); "auto" takes companion.device.pick_device().
-    parser.add_argument("--device", default="cpu", help="cpu (default, reproduces the checkpoint), cuda, mps or auto")
-    parser.add_argument("--mixed-precision", action="store_true", help="autocast as the device supports (GPU)")
+    add_device_arguments(parser)  # --device (cpu by default: the checkpoint's recipe) and --mixed-precision
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "companion/checkpoints/ch09_tiny_gpt.pt")
     args = parser.parse_args()
-    device = pick_device(None if args.device == "auto" else args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    device = device_from_args(args, threads=args.threads)
     torch.manual_seed(SEED)
 
     text = load_pydoc_text()

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from companion.text_to_text_t5 import CHECKPOINT, TextToTextRecipe, train_text_to_text  # noqa: E402
+from device_args import add_device_arguments, device_from_args  # noqa: E402
 
 
 def main() -> None:
@@ -43,14 +44,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=default.n_layers)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=ROOT / "companion" / "checkpoints")
+    add_device_arguments(parser, mixed_precision=False)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    device = device_from_args(args, threads=args.threads)
     train_cfg = dataclasses.replace(default.train, steps=args.steps, lr=args.lr,
                                     warmup_steps=min(default.train.warmup_steps, args.steps),
                                     eval_every=min(default.train.eval_every, args.steps))
     recipe = dataclasses.replace(default, train=train_cfg, n_buckets=args.buckets, max_distance=args.max_distance,
                                  n_layers=args.layers)
-    out = train_text_to_text(recipe, progress=True)
+    out = train_text_to_text(recipe, progress=True, device=device)  # the model comes back on the CPU
     model, vocab, record = out["model"], out["vocab"], out["record"]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     torch.save({"config": dataclasses.asdict(model.cfg), "state_dict": {k: v.half() for k, v in model.state_dict().items()},

@@ -173,3 +173,40 @@ def test_the_grader_compares_a_result_left_on_the_device(device):
     expect_tensor(want.to(device), want)
     with pytest.raises(CheckFailed, match=r"largest error at index \(1, 2\): expected 5, got 7"):
         expect_tensor(torch.tensor([[0.0, 1, 2], [3, 4, 7]]).to(device), want)
+
+
+# ---------------------------------------------------------------- helpers that take a model's or a batch's device
+
+def test_mlm_special_tokens_mask_on_the_device(device):
+    from companion.mlm import special_tokens_mask
+
+    ids = torch.tensor([[0, 5, 7, 1, 2]])
+    cpu = special_tokens_mask(ids, [0, 1, 2], torch.tensor([[1, 1, 1, 1, 0]]))
+    there = special_tokens_mask(ids.to(device), [0, 1, 2], torch.tensor([[1, 1, 1, 1, 0]]).to(device))
+    assert there.device.type == torch.device(device).type
+    assert cpu.tolist() == there.cpu().tolist() == [[True, False, False, True, True]]
+
+
+def test_scaling_forward_feeds_the_model_on_its_device(device):
+    from companion.experiments.scaling import ScalingConfig, _forward, family_models
+
+    for name, model in family_models(ScalingConfig()).items():
+        with torch.no_grad():
+            out = _forward(name, model.to(device), 8)()
+        main = out if isinstance(out, torch.Tensor) else out[0]
+        assert main.device.type == torch.device(device).type, name
+
+
+def test_text_to_text_trains_on_the_device_and_returns_a_cpu_model(device):
+    from companion.text_to_text_t5 import TextToTextRecipe, train_text_to_text
+
+    recipe = TextToTextRecipe(d_model=16, d_kv=4, n_heads=2, d_ff=32, n_layers=1, batch_size=4, n_monitor=2,
+                              n_heldout=2)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=3, warmup_steps=1, eval_every=3))
+    here = train_text_to_text(recipe, device=device)
+    assert all(p.device.type == "cpu" for p in here["model"].parameters())
+    assert set(here["record"]["exact_match"]) == {"reverse", "sort", "add"}
+    if torch.device(device).type == "cpu":  # on the CPU, device= changes nothing
+        plain = train_text_to_text(recipe)
+        assert plain["record"]["curve"] == here["record"]["curve"]
+        assert plain["record"]["final_train_loss"] == here["record"]["final_train_loss"]

@@ -338,3 +338,40 @@ def test_beam_search_stays_on_the_device(use_cache, eos):
                           eos_token_id=eos, num_return_sequences=2)
     assert out.sequences.device == out.scores.device == out.lengths.device == META
     assert out.sequences.shape[0] == 4
+
+
+# ---------------------------------------------------------------- other modules that compute on a model's outputs
+
+class _SpanModel(torch.nn.Module):
+    """Start and end logits (B, T) from ids, as a span head returns them."""
+
+    def __init__(self, vocab: int = 23):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, 2)
+
+    def forward(self, input_ids, attention_mask=None, segment_ids=None):
+        start, end = self.emb(input_ids).unbind(-1)
+        return start, end
+
+
+def test_span_prediction_stays_on_the_device():
+    """finetuning.predict builds its 'end >= start' mask where the scores are (before the fix: on the CPU)."""
+    from companion.finetuning import TaskData, predict
+
+    ids = _ids(23, (3, 6))
+    ones = torch.ones(3, 6, dtype=torch.long).to(META)
+    data = TaskData(ids, ones, torch.zeros_like(ones), torch.zeros(3, 2, dtype=torch.long).to(META), "span")
+    pred = predict(_SpanModel().to(META), data)
+    assert pred.device == META and pred.shape == (3, 2)
+
+
+def test_moe_aux_loss_is_on_the_models_device():
+    """0 for a dense model, but a 0 on the model's device, so that loss + aux stays there."""
+    from companion.moe import moe_aux_loss
+
+    model = _meta_gpt()
+    assert moe_aux_loss(model).device == META
+    moe = (_gpt(n_experts=4, expert_top_k=2) if _moe_in_gpt() else _moe_gpt()).eval().to(META)
+    with torch.no_grad(), _meta_values():
+        moe(_ids(23))
+    assert moe_aux_loss(moe).device == META

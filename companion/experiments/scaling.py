@@ -73,13 +73,13 @@ def family_models(cfg: ScalingConfig = ScalingConfig(), seed: int = 0) -> dict[s
 
 
 def _forward(name: str, model: torch.nn.Module, t: int) -> Callable[[], Any]:
-    g = torch.Generator().manual_seed(t)
-    vocab = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(t)  # drawn on the CPU (the same ids everywhere), then moved to the model
+    vocab, device = model.cfg.vocab_size, next(model.parameters()).device
     if name == "encoder-decoder":
-        src = torch.randint(1, vocab, (1, t // 2), generator=g)
-        tgt = torch.randint(1, vocab, (1, t - t // 2), generator=g)
+        src = torch.randint(1, vocab, (1, t // 2), generator=g).to(device)
+        tgt = torch.randint(1, vocab, (1, t - t // 2), generator=g).to(device)
         return lambda: model(src, tgt)
-    ids = torch.randint(1, vocab, (1, t), generator=g)
+    ids = torch.randint(1, vocab, (1, t), generator=g).to(device)
     return lambda: model(ids)
 
 
@@ -154,7 +154,7 @@ def training_vs_generation(model: GPT, n_tokens: int, *, timing: bool = True) ->
         raise TypeError(f"model must be a companion.models.gpt.GPT, got {type(model).__name__}")
     check_positive_int("n_tokens", n_tokens)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.cfg.vocab_size, (1, n_tokens), generator=g)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, n_tokens), generator=g).to(next(model.parameters()).device)
     prompt = ids[:, :1]
 
     runs = {
