@@ -76,6 +76,9 @@ def test_gradients_reach_the_router_through_the_combine_weights():
 
 @pytest.mark.parametrize("capacity", [64, 3])
 def test_equal_to_hugging_face_switch_sparse_mlp(capacity):
+    if capacity == 3 and not hf_switch_has_capacity():
+        pytest.skip(f"transformers {transformers.__version__}'s Switch layer drops no token (5.0 to 5.17); "
+                    "test_hf_switch_capacity_of_the_installed_release_is_what_its_layer_does checks that")
     cfg = transformers.SwitchTransformersConfig(d_model=16, d_ff=32, num_experts=4, expert_capacity=capacity,
                                                 dropout_rate=0.0, router_jitter_noise=0.0)
     from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
