@@ -39,6 +39,7 @@ Shape legend: B groups (sequences), T tokens per group, D model size, E experts.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -51,7 +52,8 @@ from .blocks import FeedForward
 from .models.gpt import GPT, GPTConfig
 
 __all__ = ["MoEConfig", "moe_gpt", "moe_aux_loss", "moe_parameter_counts", "moe_layer_flops", "expert_capacity", "Routing", "route_top1", "route_top2", "load_balancing_loss", "router_z_loss",
-           "expert_load", "drop_rate", "MoEFeedForward", "moe_reference", "from_hf_switch_mlp"]
+           "expert_load", "drop_rate", "MoEFeedForward", "moe_reference", "from_hf_switch_mlp",
+           "hf_switch_has_capacity", "HF_SWITCH_CAPACITY_RELEASES"]
 
 
 def expert_capacity(tokens_per_group: int, n_experts: int, capacity_factor: float) -> int:
@@ -252,6 +254,28 @@ def moe_reference(layer: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
                 if routing.dispatch[b, t, e]:
                     out[b, t] += routing.combine[b, t, e] * layer.experts[e](x[b, t][None, None])[0, 0]
     return out
+
+
+# Hugging Face's SwitchTransformersSparseMLP, read release by release: in 4.x (the layer came in 4.25) the router
+# counts each expert's tokens along every sequence and drops those past `expert_capacity`, as MoEFeedForward does.
+# 5.0 to 5.17 flatten the batch before the router, whose running count then runs along a length-1 axis: no token
+# is ever dropped (transformers issue #48293). 5.18 routes the unflattened sequences again (pull request #48421).
+HF_SWITCH_CAPACITY_RELEASES = "transformers 4.x and 5.18 or later"
+
+
+def hf_switch_has_capacity(version: str | None = None) -> bool:
+    """Whether Hugging Face's Switch layer in transformers ``version`` (default: the installed one) drops the
+    tokens past ``expert_capacity`` in each sequence, as :class:`MoEFeedForward` does: true for
+    :data:`HF_SWITCH_CAPACITY_RELEASES`; 5.0 to 5.17 never drop a token, so only tokens within capacity compare."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    match = re.match(r"(\d+)\.(\d+)", version) if isinstance(version, str) else None
+    if match is None:
+        raise ValueError(f"expected a transformers version such as '5.18.0', got {version!r}")
+    major, minor = int(match[1]), int(match[2])
+    return major < 5 or (major, minor) >= (5, 18)
 
 
 @torch.no_grad()

@@ -10,11 +10,5 @@ Remove a chapter from a set when its work lands.
 # seed corrections are not yet in the `Correction:` admonition format (issue 9).
 FIGURES_AND_CORRECTIONS: set[str] = set()
 
-# Chapter notebooks that fail under Colab's older transformers 4.x (issue 7).
-# None do now; a notebook that truly needs a newer transformers declares it in
-# its metadata ("companion": {"needs": {"transformers": ">=5"}}) and stops with
-# a one-line message (see CONTRIBUTING), so it is not listed here.
-COLAB_TRANSFORMERS_4: set[str] = set()
-
 # Website pages that still fail the browser test (issue 9).
 BROWSER: set[str] = set()

@@ -1,10 +1,25 @@
-"""Colab, simulated: every chapter and exercise notebook run from an empty folder in a
-fresh environment that holds what Colab preinstalls, with `companion` installed by the
-notebook's own setup cell.
+"""Colab, simulated: every chapter, solution and exercise notebook run from an empty folder
+in a fresh environment that holds what Colab's runtime holds, with `companion` installed
+by the notebook's own setup cell.
 
-* The environment: torch (this suite's version), numpy, matplotlib, ipywidgets, tqdm,
-  a Jupyter kernel, and `transformers`/`tokenizers` releases older than the pinned
-  ones (Colab ships Hugging Face libraries that lag behind); no Jupyter Book, no myst-nb.
+* The environment: Colab's Python, torch (a CUDA build, as on Colab; it runs on the CPU
+  here), transformers, numpy, ipykernel and the other packages the course touches, at the
+  versions in tests/colab_stack.toml (taken from googlecolab/backend-info; the file says
+  when). No Jupyter Book, no myst-nb.
+* Python comes from the machine, never installed: pyenv's newest ``versions/3.13.*``
+  (under ``pyenv root``, or ~/.pyenv without the command), else ``python3.13`` on PATH.
+  Where neither exists, every simulated test SKIPS and says so.
+* The packages come from the package index (PIP_EXTRA_INDEX_URL is dropped, so that a CPU
+  index set for the suite's own torch does not replace Colab's CUDA build). They are
+  downloaded once into a wheelhouse, ~/.cache/companion-colab-wheels (about 3 GB, most
+  of it torch's CUDA libraries), and installed from there without the index: pip's own
+  HTTP cache cannot be relied on to keep them (behind a proxy that strips the caching
+  headers it keeps nothing). A later run only re-resolves the versions against the index.
+* One transformers release is simulated, Colab's. The simulation used to add a run on
+  transformers 4.57.6 (Colab's Hugging Face libraries then lagged a major version behind);
+  Colab now ships 5.x, pyproject.toml's `reference` extra asks for >=5.15, and what the
+  4.x run alone could catch was the notebooks' branches for 4.x return types, a release
+  line no current Colab runs: it is gone, with its pending list.
 * The install: each notebook's setup cell runs unchanged except for the host of the
   repository URL, which points to a local git repository holding this working tree
   (committed as a snapshot and tagged with the release tag the setup cell asks for).
@@ -16,34 +31,43 @@ notebook's own setup cell.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import notebooks as nbtools  # noqa: E402
 
-# What Colab preinstalls (the parts the course touches). transformers 4.57.6 with
-# tokenizers 0.22 is the last 4.x release: Colab's Hugging Face libraries trail PyPI,
-# and a whole major version behind the pinned 5.x is the harder case to survive.
-COLAB_TRANSFORMERS = "4.57.6"
-# The kernel is Colab's too: ipykernel 6.17.1 (google-colab pins it). An unpinned ipykernel
-# resolves to 7.x, whose kernels now and then stop answering nbclient in the middle of a
-# notebook (a run here hung in ch05 with the kernel idle; vscode-jupyter #17228/#17410
-# report the same); a hung simulation is a failing test, and Colab never runs 7.x.
-COLAB_PACKAGES = [
-    f"torch=={torch.__version__.split('+')[0]}", "numpy", "matplotlib", "ipywidgets", "tqdm",
-    "ipykernel==6.17.1", "nbclient", "nbformat", f"transformers=={COLAB_TRANSFORMERS}", "tokenizers==0.22.1",
-]
-NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb")) + sorted((ROOT / "exercises").glob("*.ipynb"))
+STACK = tomllib.loads((Path(__file__).with_name("colab_stack.toml")).read_text(encoding="utf-8"))
+COLAB_PYTHON = STACK["python"]["version"]
+COLAB_PACKAGES = STACK["packages"]
+COLAB_TRANSFORMERS = COLAB_PACKAGES["transformers"]
+WHEELHOUSE = Path.home() / ".cache" / "companion-colab-wheels"
+NOTEBOOKS = [p for d in ("book", "solutions", "exercises") for p in sorted((ROOT / d).glob("*.ipynb"))]
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", Path(path).parents[1].name))
+
+
+def find_colab_python(version: str = COLAB_PYTHON) -> str | None:
+    """Colab's Python on this machine: pyenv's newest ``versions/<version>.*``, else ``python<version>`` on PATH."""
+    pyenv = shutil.which("pyenv")
+    root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip() if pyenv else ""
+    root = root or str(Path.home() / ".pyenv")
+    found = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")), key=_version_key)
+    return found[-1] if found else shutil.which(f"python{version}")
+
 
 RUNNER = textwrap.dedent('''
     """Run one notebook as Colab's "Run all" would; report the first failing cell briefly."""
@@ -101,15 +125,28 @@ def setup_cell(nb: dict) -> dict:
 def colab(tmp_path_factory):
     if sys.platform != "linux":
         pytest.skip("the Colab simulation builds a Linux virtual environment")
+    python = find_colab_python()
+    if python is None:
+        pytest.skip(f"the Colab simulation needs Python {COLAB_PYTHON} (Colab's, tests/colab_stack.toml): "
+                    f"found neither pyenv's versions/{COLAB_PYTHON}.* nor python{COLAB_PYTHON} on PATH")
     tmp = tmp_path_factory.mktemp("colab")
     repo_url = snapshot_repository(tmp / "course")
 
     venv = tmp / "colab-venv"
-    run([sys.executable, "-m", "venv", str(venv)])
+    run([python, "-m", "venv", str(venv)])
     py = venv / "bin" / "python"
-    run([str(py), "-m", "pip", "install", "--quiet", *COLAB_PACKAGES])
-    probe = run([str(py), "-c", "import importlib.util as u; print(u.find_spec('myst_nb'), u.find_spec('jupyter_book'))"])
-    assert probe.strip() == "None None"
+    pins = [f"{name}=={version}" for name, version in COLAB_PACKAGES.items()]
+    pip_env = {k: v for k, v in os.environ.items() if k != "PIP_EXTRA_INDEX_URL"}
+    run([str(py), "-m", "pip", "download", "--quiet", "--dest", str(WHEELHOUSE), *pins], env=pip_env)
+    run([str(py), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(WHEELHOUSE), *pins])
+    probe = json.loads(run([str(py), "-c", textwrap.dedent("""
+        import importlib.util as u, json, platform, torch
+        print(json.dumps([platform.python_version(), torch.__version__, torch.version.cuda,
+                          u.find_spec("myst_nb") is None and u.find_spec("jupyter_book") is None]))
+    """)]))
+    assert probe[0].startswith(f"{COLAB_PYTHON}.") and probe[1].split("+")[0] == COLAB_PACKAGES["torch"], probe
+    assert probe[2] is not None, f"torch {probe[1]} is a CPU build; Colab's is a CUDA build (a CPU index in pip's config?)"
+    assert probe[3], "the simulated Colab must not hold Jupyter Book or myst-nb"
     (tmp / "runner.py").write_text(RUNNER)
 
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
@@ -126,37 +163,85 @@ def test_setup_cells_install_the_release_of_their_own_version():
         assert want in "".join(setup_cell(json.loads(path.read_text()))["source"]), path.name
 
 
-def _pending(path):
-    from pending import COLAB_TRANSFORMERS_4
+def _lower_bounds() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    specs = project["dependencies"] + [s for extra in project["optional-dependencies"].values() for s in extra]
+    bounds = {}
+    for spec in specs:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", spec)
+        assert match, f"pyproject.toml: expected 'name>=version' (a lower bound some environment tests), got {spec!r}"
+        bounds[match[1].lower()] = match[2]
+    return bounds
 
-    if path.parent.name == "book" and path.stem in COLAB_TRANSFORMERS_4:
-        # skipped, not xfailed: a notebook failing under an older transformers may hang
-        # rather than raise, and would hold a worker for the runner's whole time limit
-        return pytest.param(path, marks=pytest.mark.skip(
-            reason="fails or hangs on Colab's transformers 4.x: pending in tests/pending.py (issue 7)"))
-    return path
+
+def test_declared_lower_bounds_are_the_versions_colab_installs():
+    """pyproject.toml's lower bounds are exactly what the Colab simulation installs (the oldest environment the
+    suite runs; requirements.txt pins newer releases), and requires-python is the CI's Python: no claim untested."""
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
+    for name, bound in _lower_bounds().items():
+        assert name in COLAB_PACKAGES, f"pyproject.toml bounds {name}, which tests/colab_stack.toml does not install"
+        assert bound == COLAB_PACKAGES[name], (
+            f"pyproject.toml: {name}>={bound}, but the Colab simulation installs {name}=={COLAB_PACKAGES[name]}")
+        assert name not in pins or _release(pins[name]) >= _release(bound), f"requirements.txt pins {name} below {bound}"
+    ci_python = re.search(r"container: python:(\d+\.\d+)", (ROOT / ".github/workflows/ci.yml").read_text())[1]
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    assert requires == f">={ci_python}" and _release(ci_python) <= _release(COLAB_PYTHON), (requires, ci_python)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
 
 
 def _colab_too_old(nb: dict) -> bool:
     """Whether the notebook's metadata needs a newer transformers than the simulated Colab has."""
     spec = nbtools.notebook_needs(nb).get("transformers")
-    colab = tuple(int(p) for p in COLAB_TRANSFORMERS.split("."))
+    colab = _release(COLAB_TRANSFORMERS)
     return spec is not None and colab[: len(spec[2:].split("."))] < tuple(int(p) for p in spec[2:].split("."))
 
 
-@pytest.mark.parametrize("notebook", [_pending(p) for p in NOTEBOOKS], ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_notebook_runs_in_colab_from_its_own_setup_cell(colab, notebook):
     _run_in_colab(colab, notebook, json.loads(notebook.read_text(encoding="utf-8")))
 
 
 def test_a_notebook_needing_newer_transformers_stops_in_colab_with_one_line(colab):
-    """Issue 7: the setup-cell guard (metadata companion.needs), in the simulated Colab."""
+    """Issue 7: the setup-cell guard (metadata companion.needs), in the simulated Colab: a notebook asking for the
+    minor release after Colab's stops at the setup cell with one line."""
+    major, minor = _release(COLAB_TRANSFORMERS)[:2]
     notebook = ROOT / "book" / "ch06_masks.ipynb"
     nb = json.loads(notebook.read_text(encoding="utf-8"))
-    nb["metadata"]["companion"] = {"needs": {"transformers": ">=5"}}
+    nb["metadata"]["companion"] = {"needs": {"transformers": f">={major}.{minor + 1}"}}
     setup_cell(nb)["source"] = nbtools.setup_source(nbtools.notebook_needs(nb))
     assert _colab_too_old(nb)
     _run_in_colab(colab, notebook, nb, name="needs-newer")
+
+
+SWITCH_PARITY = textwrap.dedent("""
+    import json, torch, transformers
+    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
+    from companion.moe import from_hf_switch_mlp, hf_switch_has_capacity
+
+    cfg = transformers.SwitchTransformersConfig(d_model=16, d_ff=32, num_experts=4, expert_capacity=3,
+                                                dropout_rate=0.0, router_jitter_noise=0.0)
+    torch.manual_seed(0)
+    hf = SwitchTransformersSparseMLP(cfg).eval()
+    with torch.no_grad():
+        hf.router.classifier.weight.normal_(0, 1.0)
+        ours = from_hf_switch_mlp(hf, capacity=3)
+        x = torch.randn(2, 13, 16, generator=torch.Generator().manual_seed(1))
+        ref, out = hf(x), ours(x)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    print(json.dumps({"dropped": bool((~ours.last_routing.dispatch.any(-1)).any()),
+                      "equal": torch.allclose(out, ref, atol=1e-6), "guard": hf_switch_has_capacity()}))
+""")
+
+
+def test_switch_capacity_guard_matches_colabs_transformers(colab):
+    """Chapter 14's guard (companion.moe.hf_switch_has_capacity) against Colab's own Switch layer: where the guard
+    says the release drops no token, the layer indeed differs from ours at a capacity that drops tokens."""
+    env = {**colab["env"], "PYTHONPATH": str(ROOT)}
+    result = json.loads(run([str(colab["py"]), "-c", SWITCH_PARITY], env=env, cwd=colab["tmp"]).splitlines()[-1])
+    assert result["dropped"] and result["equal"] is result["guard"], result
 
 
 def _run_in_colab(colab, notebook, nb, name=None):

@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from companion.moe import (MoEFeedForward, expert_capacity, from_hf_switch_mlp, load_balancing_loss, moe_reference,
-                           route_top1, route_top2, router_z_loss)
+from companion.moe import (MoEFeedForward, expert_capacity, from_hf_switch_mlp, hf_switch_has_capacity,
+                           load_balancing_loss, moe_reference, route_top1, route_top2, router_z_loss)
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,6 +78,9 @@ def test_gradients_reach_the_router_through_the_combine_weights():
 
 @pytest.mark.parametrize("capacity", [64, 3])
 def test_equal_to_hugging_face_switch_sparse_mlp(capacity):
+    if capacity == 3 and not hf_switch_has_capacity():
+        pytest.skip(f"transformers {transformers.__version__}'s Switch layer drops no token (5.0 to 5.17); "
+                    "test_hf_switch_capacity_of_the_installed_release_is_what_its_layer_does checks that")
     cfg = transformers.SwitchTransformersConfig(d_model=16, d_ff=32, num_experts=4, expert_capacity=capacity,
                                                 dropout_rate=0.0, router_jitter_noise=0.0)
     from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
@@ -239,3 +242,37 @@ def test_gpt_knows_no_experts():
     assert all(isinstance(block.ffn, MoEFeedForward) and len(block.ffn.experts) == 2 for block in moe.blocks)
     with pytest.raises(TypeError, match="MoEConfig"):
         moe_gpt(cfg, {"n_experts": 2})
+
+
+@pytest.mark.parametrize("version, has_capacity", [
+    ("4.25.1", True), ("4.57.6", True), ("5.0.0", False), ("5.9.0", False), ("5.15.0", False),
+    ("5.17.0", False), ("5.18.0", True), ("5.18.0.dev0", True), ("5.23.0", True), ("6.0.0", True),
+])
+def test_hf_switch_capacity_releases(version, has_capacity):
+    # the releases read in transformers' source: 5.0 to 5.17 route the flattened batch and never drop a token
+    assert hf_switch_has_capacity(version) is has_capacity
+
+
+@pytest.mark.parametrize("bad", ["", "five", "v5.18", 5.18, b"5.18"])
+def test_hf_switch_capacity_rejects_what_is_no_version(bad):
+    with pytest.raises(ValueError, match="expected a transformers version"):
+        hf_switch_has_capacity(bad)
+
+
+def test_hf_switch_capacity_of_the_installed_release_is_what_its_layer_does():
+    """The guard against the installed layer itself: a confident router at capacity 3 of 13 tokens drops tokens in
+    our layer; Hugging Face's equals it exactly when the guard says its release has capacity (the Colab simulation
+    runs the same check on a release without, tests/test_colab.py)."""
+    cfg = transformers.SwitchTransformersConfig(d_model=16, d_ff=32, num_experts=4, expert_capacity=3,
+                                                dropout_rate=0.0, router_jitter_noise=0.0)
+    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
+    torch.manual_seed(0)
+    hf = SwitchTransformersSparseMLP(cfg).eval()
+    with torch.no_grad():
+        hf.router.classifier.weight.normal_(0, 1.0)
+        ours = from_hf_switch_mlp(hf, capacity=3)
+        x = torch.randn(2, 13, 16, generator=torch.Generator().manual_seed(1))
+        ref, out = hf(x), ours(x)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    assert (~ours.last_routing.dispatch.any(-1)).any(), "the check needs dropped tokens"
+    assert torch.allclose(out, ref, atol=1e-6) is hf_switch_has_capacity()
