@@ -216,31 +216,11 @@ def test_a_notebook_needing_newer_transformers_stops_in_colab_with_one_line(cola
     _run_in_colab(colab, notebook, nb, name="needs-newer")
 
 
-SWITCH_PARITY = textwrap.dedent("""
-    import json, torch, transformers
-    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
-    from companion.moe import from_hf_switch_mlp, hf_switch_has_capacity
-
-    cfg = transformers.SwitchTransformersConfig(d_model=16, d_ff=32, num_experts=4, expert_capacity=3,
-                                                dropout_rate=0.0, router_jitter_noise=0.0)
-    torch.manual_seed(0)
-    hf = SwitchTransformersSparseMLP(cfg).eval()
-    with torch.no_grad():
-        hf.router.classifier.weight.normal_(0, 1.0)
-        ours = from_hf_switch_mlp(hf, capacity=3)
-        x = torch.randn(2, 13, 16, generator=torch.Generator().manual_seed(1))
-        ref, out = hf(x), ours(x)
-    ref = ref[0] if isinstance(ref, tuple) else ref
-    print(json.dumps({"dropped": bool((~ours.last_routing.dispatch.any(-1)).any()),
-                      "equal": torch.allclose(out, ref, atol=1e-6), "guard": hf_switch_has_capacity()}))
-""")
-
-
 def test_switch_capacity_guard_matches_colabs_transformers(colab):
     """Chapter 14's guard (companion.moe.hf_switch_has_capacity) against Colab's own Switch layer: where the guard
     says the release drops no token, the layer indeed differs from ours at a capacity that drops tokens."""
     env = {**colab["env"], "PYTHONPATH": str(ROOT)}
-    result = json.loads(run([str(colab["py"]), "-c", SWITCH_PARITY], env=env, cwd=colab["tmp"]).splitlines()[-1])
+    result = json.loads(run([str(colab["py"]), str(ROOT / "tests" / "switch_parity.py")], env=env, cwd=colab["tmp"]).splitlines()[-1])
     assert result["dropped"] and result["equal"] is result["guard"], result
 
 
