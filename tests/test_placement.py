@@ -219,12 +219,16 @@ def test_forward_pass_stays_on_the_inputs_device(case):
     assert _is_meta(out), f"{case.name}: output not on meta: {type(out).__name__}"
 
 
-def test_moe_gpt_stays_on_the_device():
+def _moe_gpt():
     from companion.models.gpt import GPTConfig
     from companion.moe import MoEConfig, moe_gpt
 
-    cfg = GPTConfig(vocab_size=23, max_positions=16, d_model=16, n_layers=2, n_heads=2)
-    model = moe_gpt(cfg, MoEConfig(n_experts=4, top_k=2)).eval().to(META)
+    return moe_gpt(GPTConfig(vocab_size=23, max_positions=16, d_model=16, n_layers=2, n_heads=2),
+                   MoEConfig(n_experts=4, top_k=2))
+
+
+def test_moe_gpt_stays_on_the_device():
+    model = _moe_gpt().eval().to(META)
     with torch.no_grad(), _meta_values():
         out = model(_ids(23))
     assert out.device == META
@@ -371,7 +375,7 @@ def test_moe_aux_loss_is_on_the_models_device():
 
     model = _meta_gpt()
     assert moe_aux_loss(model).device == META
-    moe = (_gpt(n_experts=4, expert_top_k=2) if _moe_in_gpt() else _moe_gpt()).eval().to(META)
+    moe = _moe_gpt().eval().to(META)
     with torch.no_grad(), _meta_values():
         moe(_ids(23))
     assert moe_aux_loss(moe).device == META
