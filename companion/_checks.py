@@ -97,7 +97,10 @@ def check_token_ids(
     axis, of dtype int64 or int32 (what ``nn.Embedding`` takes; ``TypeError``
     otherwise), each id in ``[0, vocab_size)`` (``ValueError``; ``vocab_size=None``
     skips the range). Without the range check an id of 60 in a 50-token
-    vocabulary ends in torch's ``IndexError: index out of range in self``.
+    vocabulary ends in torch's ``IndexError: index out of range in self``. The range
+    is read only from ids on the CPU and outside ``torch.compile``: on a GPU, reading
+    two values would make the host wait for the device at every forward pass (and break
+    a compiled graph), so there the embedding's own device-side check stands.
     """
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int32):
         got = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
@@ -105,7 +108,7 @@ def check_token_ids(
     (ShapeChecker() if sc is None else sc).check(name, ids, dims)
     if ids.shape[-1] == 0:
         raise ValueError(f"{name} must hold at least one token, got shape {tuple(ids.shape)}")
-    if vocab_size is not None:
+    if vocab_size is not None and ids.device.type == "cpu" and not torch.compiler.is_compiling():
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(f"{name} must lie in [0, {vocab_size}), got range [{low}, {high}]")

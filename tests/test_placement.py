@@ -379,3 +379,16 @@ def test_moe_aux_loss_is_on_the_models_device():
     with torch.no_grad(), _meta_values():
         moe(_ids(23))
     assert moe_aux_loss(moe).device == META
+
+
+def test_the_token_id_check_reads_no_value_off_the_cpu():
+    """check_token_ids reads the id range only on the CPU: on a GPU that read would make the host wait for the
+    device at every forward pass. On meta (any read raises there) the check passes on dtype and shape alone."""
+    from companion._checks import check_token_ids
+
+    ids = torch.zeros(2, 3, dtype=torch.long, device=META)
+    assert check_token_ids("idx", ids, 10) is ids
+    with pytest.raises(TypeError, match="int64 or int32"):
+        check_token_ids("idx", ids.float(), 10)
+    with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\)"):
+        check_token_ids("idx", torch.tensor([[3, 12]]), 10)  # on the CPU the range is checked
