@@ -259,7 +259,8 @@ def moe_reference(layer: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
 # Hugging Face's SwitchTransformersSparseMLP, read release by release: in 4.x (the layer came in 4.25) the router
 # counts each expert's tokens along every sequence and drops those past `expert_capacity`, as MoEFeedForward does.
 # 5.0 to 5.17 flatten the batch before the router, whose running count then runs along a length-1 axis: no token
-# is ever dropped (transformers issue #48293). 5.18 routes the unflattened sequences again (pull request #48421).
+# is ever dropped. 5.18 routes the unflattened sequences again. (Read in the released wheels of 5.0.0, 5.15.0,
+# 5.15.1, 5.16.1, 5.17.0, 5.18.0, 5.19.0 and 5.23.0; tests/switch_parity.py checks the installed release.)
 HF_SWITCH_CAPACITY_RELEASES = "transformers 4.x and 5.18 or later"
 
 
