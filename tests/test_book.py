@@ -109,13 +109,9 @@ def test_no_two_corrections_share_a_title():
 
 
 def test_every_correction_has_the_class_a_name_and_the_four_fields():
-    from pending import FIGURES_AND_CORRECTIONS
-
     for notebook, title, classes, name, body in admonitions():
         if not (title.lower().startswith("correction") or "correction" in classes):
             continue
-        if Path(notebook).stem in FIGURES_AND_CORRECTIONS:
-            continue  # listed as pending in tests/pending.py; test_pending checks it still is
         where = f"{notebook}, admonition {title!r}"
         assert "correction" in classes, f"{where}: needs `:class: warning correction` (one correction per admonition)"
         assert title.startswith("Correction: "), f"{where}: the title says what holds, `Correction: ...`"

@@ -179,16 +179,7 @@ OVERFLOW = r"""
 """
 
 
-def _pending(docname):
-    from pending import BROWSER, FIGURES_AND_CORRECTIONS
-
-    if docname.split("/")[-1] in FIGURES_AND_CORRECTIONS | BROWSER:
-        return pytest.param(docname, marks=pytest.mark.xfail(
-            strict=True, reason="figures without alt text: pending in tests/pending.py (issue 9)"))
-    return docname
-
-
-@pytest.mark.parametrize("docname", [_pending(d) for d in toc_docnames()])
+@pytest.mark.parametrize("docname", toc_docnames())
 def test_page_in_a_browser(browser, served, docname):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
     problems, remote = [], []
