@@ -247,18 +247,14 @@ def train(
         if not torch.isfinite(logged):
             raise FloatingPointError(f"loss became {logged.item()} at step {step}")
         opt.zero_grad(set_to_none=True)
-        if precision.loss_scale:  # fp16: scale the loss, unscale the gradients before clipping, skip overflowed steps
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-        else:
-            loss.backward()
+        # fp16 scales the loss, unscales the gradients before clipping and skips overflowed steps;
+        # otherwise the scaler is disabled and each call passes straight through.
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        if precision.loss_scale:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
+        scaler.step(opt)
+        scaler.update()
         hist.steps.append(step)
         hist.train_loss.append(logged.item())
         hist.grad_norm.append(float(norm))
