@@ -44,6 +44,7 @@ Data and training
 Notebooks
 
 * :mod:`companion.viz`, :mod:`companion.notebook`: plots, widgets, seeding, ``glue``
+* :mod:`companion.diagrams`: boxes, arrows, stacks and grids for the conceptual diagrams of the models
 * :mod:`companion.checkpoints`: the small trained checkpoints the notebooks load
 * :mod:`companion.grading`: the checks of the graded exercises (the instructor's grader is
   the separate ``companion_grader``, in ``grader/`` of the repository)

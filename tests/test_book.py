@@ -41,6 +41,7 @@ def test_chapter_pages_have_math_figures_outputs_and_launch_buttons(site):
         assert "cell_output" in text, f"{page.name}: no outputs"
         assert f"colab.research.google.com/github/" in text and f"{page.stem}.ipynb" in text, f"{page.name}: no Colab button"
         assert "glue:" not in text and "{glue" not in text, f"{page.name}: a glue role was not resolved"
+        assert "glue(" not in text, f"{page.name}: the page shows glue(...) plumbing"
 
 
 def test_glued_numbers_appear_in_the_chapter_2_prose(site):

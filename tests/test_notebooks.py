@@ -66,6 +66,28 @@ def test_chapter_headings_and_glue(path):
     assert used <= defined, f"glue keys used in prose but never glued: {sorted(used - defined)}"
 
 
+HIDDEN_ON_THE_SITE = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+
+
+@pytest.mark.parametrize("path", BOOK, ids=lambda p: p.name)
+def test_the_reader_sees_no_glue_plumbing_and_no_setup_before_the_first_section(path):
+    # The website shows prose, the code that teaches and its output: `glue` calls live in cells
+    # removed from the page, and the set-up above the first section (install, imports) is folded.
+    visible = []
+    before_first_section = True
+    for i, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] == "markdown":
+            if re.search(r"^## ", source(cell), flags=re.M):
+                before_first_section = False
+            continue
+        if set(cell["metadata"].get("tags", [])) & HIDDEN_ON_THE_SITE:
+            continue
+        assert not before_first_section, f"{path.name}: code cell {i} is shown above the first section"
+        if re.search(r"\bglue\(", source(cell)):
+            visible.append(i)
+    assert not visible, f"{path.name}: glue(...) in cells the website shows: {visible} (move it to a remove-cell cell)"
+
+
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
 def test_exercise_notebooks_have_no_outputs_and_no_solutions(path):
     nb = load(path)
