@@ -10,15 +10,17 @@ to ``(B, H, T, S)``. A query whose every key is masked gets an output of zeros
 
 Layout: :func:`scaled_dot_product_attention` is the public function; it checks
 its arguments once and calls the private kernel ``_attend``, which checks
-nothing. The layers, :class:`MultiHeadAttention` (self-attention) and
-:class:`CrossAttention` (queries from one sequence, keys and values from
-another), call the kernel directly: their inputs were checked by the model
-that calls them. :func:`record_attention` reads the weights of any model.
+nothing. The layers, :class:`MultiHeadAttention` (self-attention),
+:class:`RotaryAttention` (the same with RoPE) and :class:`CrossAttention`
+(queries from one sequence, keys and values from another), call the kernel
+directly: their inputs were checked by the model that calls them.
+:func:`record_attention` reads the weights of any model.
 
 The extension points every later model plugs into: an additive score
-``bias`` (T5's relative bias, ALiBi), ``is_causal`` (bottom-right aligned),
-``scale``, a head size independent of ``D``, fewer key/value heads (MQA/GQA),
-a ``head_mask``, RoPE and a KV cache.
+``bias`` (T5's relative bias, ALiBi) and a ``head_mask``, passed through the
+layers to the kernel; ``is_causal`` (bottom-right aligned), ``scale``, a head
+size independent of ``D``, fewer key/value heads (MQA/GQA), RoPE (a subclass)
+and a KV cache.
 
 References: Vaswani et al. (2017), "Attention Is All You Need", eq. (1) and
 section 3.2.2; Shazeer (2019) (multi-query); Ainslie et al. (2023) (grouped-query).
@@ -46,6 +48,7 @@ __all__ = [
     "merge_heads",
     "repeat_kv",
     "MultiHeadAttention",
+    "RotaryAttention",
     "CrossAttention",
     "record_attention",
 ]
@@ -326,29 +329,27 @@ class MultiHeadAttention(_Attention):
                  backend: Backend = "sdpa") -> None:
         super().__init__(d_model, n_heads, d_head, n_kv_heads, scale, dropout, layer_idx, backend)
         d_q, d_kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
-        self.qkv_sizes = (d_q, d_kv, d_kv)  # rows of W_Q, W_K, W_V in the fused qkv
+        self.head_counts = (self.n_heads, self.n_kv_heads, self.n_kv_heads)  # heads of W_Q, W_K, W_V in the fused qkv
         self.qkv = nn.Linear(d_model, d_q + 2 * d_kv, bias=bias)
         self.out = nn.Linear(d_q, d_model, bias=bias)
 
-    def forward(self, x, mask=None, *, is_causal=False, bias=None, rope=None, cache=None, head_mask=None):
+    def forward(self, x, mask=None, *, is_causal=False, cache=None, **kernel_args):
         """``x`` (B, T, D) -> (B, T, D), every token attending to the tokens of ``x`` (and the cached ones).
 
-        ``mask``, ``is_causal``, ``bias`` and ``head_mask`` go to the kernel (their last
-        two axes are ``(T, S)``, ``S`` counting cached keys); ``rope`` is a ``(cos, sin)``
-        pair that rotates queries and keys; ``cache`` is a :class:`~companion.kv_cache.KVCache`
+        ``mask`` and ``is_causal`` go to the kernel (last two axes ``(T, S)``, ``S``
+        counting cached keys), and so do the ``kernel_args`` other models add
+        (``bias``, ``head_mask``); ``cache`` is a :class:`~companion.kv_cache.KVCache`
         to which this layer appends its new keys and values (slot ``layer_idx``).
         """
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).split(self.qkv_sizes, dim=-1)  # (B, T, H Dh), 2 x (B, T, Hkv Dh)
-        q = q.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
-        k = k.view(b, t, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = v.view(b, t, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, Hkv, T, Dh)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.heads(x)  # (B, H, T, Dh), 2 x (B, Hkv, T, Dh)
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, S, Dh): cached + new
-        out = self._attention(q, k, v, mask, is_causal=is_causal, bias=bias, head_mask=head_mask)  # (B, T, H Dh)
-        return self.out(out)  # (B, T, D)
+        return self.out(self._attention(q, k, v, mask, is_causal=is_causal, **kernel_args))  # (B, T, D)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x`` (B, T, D), one slice per head: ``(B, H, T, Dh)``, 2 x ``(B, Hkv, T, Dh)``."""
+        qkv = self.qkv(x).unflatten(-1, (-1, self.d_head)).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
+        return qkv.split(self.head_counts, dim=1)
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, *, cross: bool = False) -> MultiHeadAttention | CrossAttention:
@@ -377,6 +378,20 @@ class MultiHeadAttention(_Attention):
                 names["out.bias"] = "out_proj.bias"
         copy_by_name_map(layer, source, names, ignore=[r"^in_proj_(weight|bias)$"] if cross else [])
         return layer
+
+
+class RotaryAttention(MultiHeadAttention):
+    """Self-attention whose queries and keys are rotated by their positions (RoPE, Su et al., 2021).
+
+    The layer of :class:`MultiHeadAttention` (same parameters); ``forward`` takes
+    ``rope``, the ``(cos, sin)`` pair of :func:`~companion.positional.rope_cos_sin`
+    for the positions of ``x``.
+    """
+
+    def forward(self, x, mask=None, *, rope, is_causal=False, **kernel_args):
+        q, k, v = self.heads(x)  # (B, H, T, Dh), 2 x (B, Hkv, T, Dh)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # position enters the scores as a rotation
+        return self.out(self._attention(q, k, v, mask, is_causal=is_causal, **kernel_args))  # (B, T, D)
 
 
 class CrossAttention(_Attention):

@@ -226,10 +226,13 @@ class Block(nn.Module):
         return norm(x + self.drop(layer(x, *args, **kwargs)))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, **attn_args) -> torch.Tensor:
-        """``x`` (B, T, D) -> (B, T, D); ``mask`` and ``attn_args`` (``is_causal``, ``bias``,
-        ``rope``, ``cache``, ``head_mask``) go to the self-attention."""
-        x = self.sublayer(x, self.norm1, self.self_attn, mask, **attn_args)
-        return self.sublayer(x, self.norm2, self.ffn)  # (B, T, D)
+        """``x`` (B, T, D) -> (B, T, D); ``mask`` and ``attn_args`` (``is_causal``, ``cache``, and
+        what other models add: ``bias``, ``rope``, ``head_mask``) go to the self-attention."""
+        if self.norm_first:  # pre-LN: x + sublayer(norm(x))
+            x = x + self.drop(self.self_attn(self.norm1(x), mask, **attn_args))
+            return x + self.drop(self.ffn(self.norm2(x)))  # (B, T, D)
+        x = self.norm1(x + self.drop(self.self_attn(x, mask, **attn_args)))  # post-LN: norm(x + sublayer(x))
+        return self.norm2(x + self.drop(self.ffn(x)))  # (B, T, D)
 
 
 class DecoderBlock(Block):

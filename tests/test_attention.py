@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.attention import (CrossAttention, MultiHeadAttention, merge_heads, record_attention,
+from companion.attention import (CrossAttention, MultiHeadAttention, RotaryAttention, merge_heads, record_attention,
                                  scaled_dot_product_attention, split_heads)
 from companion.masks import causal_mask, padding_mask
 from companion.kv_cache import KVCache
@@ -315,7 +315,7 @@ def test_grouped_query_attention_with_rope_equals_hugging_face_llama():
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     hf = LlamaAttention(cfg, layer_idx=0).eval()
-    ours = MultiHeadAttention(20, 4, d_head=6, n_kv_heads=2, bias=False).eval()  # D = 20, H * Dh = 24
+    ours = RotaryAttention(20, 4, d_head=6, n_kv_heads=2, bias=False).eval()  # D = 20, H * Dh = 24
     with torch.no_grad():
         ours.qkv.weight.copy_(torch.cat([hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight]))
         ours.out.weight.copy_(hf.o_proj.weight)

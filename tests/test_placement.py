@@ -392,3 +392,16 @@ def test_the_token_id_check_reads_no_value_off_the_cpu():
         check_token_ids("idx", ids.float(), 10)
     with pytest.raises(ValueError, match=r"idx must lie in \[0, 10\)"):
         check_token_ids("idx", torch.tensor([[3, 12]]), 10)  # on the CPU the range is checked
+
+
+@pytest.mark.parametrize("build", [_t5("1.1"), _bart], ids=["T5 v1.1", "BART"])
+def test_an_encoder_decoder_step_reads_no_value_off_the_cpu(build):
+    """A decoding step reads nothing from the device (each read would make the host wait for a GPU at every
+    step): on meta, where any read raises, encode and a cached decode step run without stand-in values."""
+    model = build().eval().to(META)
+    src_mask = torch.ones(2, 9, dtype=torch.long).to(META)
+    with torch.no_grad():
+        memory = model.encode(_ids(23, (2, 9)), src_mask)
+        cache = model.new_cache()
+        logits = model.decode(_ids(23, (2, 1)), memory, src_mask, cache=cache)
+    assert logits.device == META and logits.shape == (2, 1, 23)

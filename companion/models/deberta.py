@@ -112,9 +112,7 @@ class DisentangledAttention(MultiHeadAttention):
 
     def forward(self, x, mask=None, *, table, rows, head_mask=None):
         """``x`` (B, T, D) -> (B, T, D); ``table`` (2k, D), ``rows`` (T, T) from :func:`relative_buckets`."""
-        b, t, _ = x.shape
-        q, k, v = (z.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # each (B, H, T, Dh)
-                   for z in self.qkv(x).split(self.qkv_sizes, dim=-1))
+        q, k, v = self.heads(x)  # each (B, H, T, Dh)
         bias = self.position_scores(q, k, table, rows)  # (B, H, T, T)
         return self.out(self._attention(q, k, v, mask, bias=bias, head_mask=head_mask))  # (B, T, D)
 
@@ -124,9 +122,7 @@ class DisentangledAttention(MultiHeadAttention):
         ``Qr``/``Kr`` are the relative table projected by this layer's own query and
         key weights (share_att_key); entry ``[i, j]`` reads row ``rows[i, j] = d(i, j)``.
         """
-        pos_q, pos_k, _ = self.qkv(table).split(self.qkv_sizes, dim=-1)  # (2k, H Dh) each
-        pos_q = pos_q.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # (H, 2k, Dh)
-        pos_k = pos_k.view(-1, self.n_heads, self.d_head).transpose(0, 1)
+        pos_q, pos_k, _ = self.heads(table[None])  # (1, H, 2k, Dh) each: the table as queries and keys
         t = q.shape[-2]
         c2p = q @ pos_k.transpose(-1, -2)  # (B, H, T, 2k): query content x every relative row
         c2p = torch.gather(c2p, -1, rows.expand(*c2p.shape[:-1], t))  # (B, H, T, T): row d(i, j)

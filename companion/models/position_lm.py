@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .._checks import check_token_ids
-from ..attention import MultiHeadAttention
+from ..attention import MultiHeadAttention, RotaryAttention
 from ..blocks import Block, FeedForward, make_norm
 from ..training import lm_loss  # re-exported: the one loss of every language model
 from ..positional import (
@@ -74,7 +74,7 @@ class _PositionBlock(Block):
 
     def __init__(self, cfg: PositionLMConfig) -> None:
         norm1, norm2 = make_norm("layernorm", cfg.d_model), make_norm("layernorm", cfg.d_model)
-        attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
+        attn = (RotaryAttention if cfg.position == "rope" else MultiHeadAttention)(cfg.d_model, cfg.n_heads)
         ffn = FeedForward(cfg.d_model, cfg.d_ff, activation="gelu")
         super().__init__(attn, ffn, norm1, norm2, norm_first=True)
 
@@ -105,12 +105,13 @@ class PositionLM(nn.Module):
             x = x + sinusoidal_encoding(t, cfg.d_model).to(dev)
         elif cfg.position == "learned":
             x = x + self.pos_emb(t)  # raises beyond max_positions
-        bias = None  # an additive score bias, the same in every layer
+        attn_args = {}  # the same in every layer, computed once
         if cfg.position == "t5":
-            bias = self.rel_bias(t)  # (1, H, T, T), computed once, shared by all layers
+            attn_args["bias"] = self.rel_bias(t)  # (1, H, T, T), added to the scores
         elif cfg.position == "alibi":
-            bias = alibi_bias(cfg.n_heads, t, device=dev)[None]  # (1, H, T, T)
-        rope = rope_cos_sin(torch.arange(t, device=dev), cfg.d_head, base=cfg.rope_base) if cfg.position == "rope" else None
+            attn_args["bias"] = alibi_bias(cfg.n_heads, t, device=dev)[None]  # (1, H, T, T)
+        elif cfg.position == "rope":
+            attn_args["rope"] = rope_cos_sin(torch.arange(t, device=dev), cfg.d_head, base=cfg.rope_base)
         for block in self.blocks:
-            x = block(x, bias=bias, is_causal=True, rope=rope)  # the attention adds bias, then masks
+            x = block(x, is_causal=True, **attn_args)  # the attention adds the bias, then masks
         return self.lm_head(self.norm_f(x))  # (B, T, V)

@@ -114,8 +114,11 @@ class Seq2SeqModel(nn.Module):
         if tgt_attention_mask is not None:
             sc.check("tgt_attention_mask", tgt_attention_mask, ("B", start + t))
             self_mask = padding_mask(tgt_attention_mask)  # (B, 1, 1, start + T)
-        # No source padding in the batch: no cross-attention mask (one check here instead of one per layer).
-        cross_mask = None if bool(src_attention_mask.all()) else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
+        # No source padding in the batch: no cross-attention mask, so the kernel takes its fused path. Reading
+        # that value is cheap on the CPU; on an accelerator it would make the host wait at every decoding
+        # step, so there the mask is always built.
+        no_padding = src_attention_mask.device.type == "cpu" and bool(src_attention_mask.all())
+        cross_mask = None if no_padding else cross_attention_mask(src_attention_mask, t)  # (B, 1, T, S)
         bias = self._position_bias(True, t, start + t)  # (1, H, T, start + T) or None
         x = self._embed(tgt_in, start, decoder=True)
         for block in self.decoder:
