@@ -13,6 +13,8 @@ must see what this test sees. A page fails when
 * the console logs an error or a script throws;
 * a saved widget does not render (widget state must show offline);
 * a chapter page has no Colab launch link to its notebook;
+* a chapter page has no conceptual diagram (a figure named ``fig-chNN-diagram-...``)
+  whose image loads and which carries a caption;
 * an image of the content has no meaningful alt text (empty, a file name or a
   hash, or fewer than three words);
 * the page scrolls horizontally at a 400 px wide viewport;
@@ -155,6 +157,22 @@ async () => {
 }
 """
 
+# Run on a chapter page: its conceptual diagrams (figures named fig-chNN-diagram-...). Returns problems.
+DIAGRAMS = r"""
+(prefix) => {
+  const problems = [];
+  const figs = [...document.querySelectorAll(`[id^="${prefix}"]`)].map(el => el.closest('figure') || el);
+  if (!figs.length) return [`no conceptual diagram (no figure named ${prefix}...)`];
+  for (const fig of figs) {
+    const img = fig.querySelector('img');
+    if (!img || !img.complete || img.naturalWidth === 0) problems.push(`diagram ${fig.id} shows no image`);
+    const caption = fig.querySelector('figcaption, .caption');
+    if (!caption || caption.textContent.trim().split(/\s+/).length < 3) problems.push(`diagram ${fig.id} has no caption`);
+  }
+  return problems;
+}
+"""
+
 OVERFLOW = r"""
 () => {
   const d = document.documentElement;
@@ -207,6 +225,7 @@ def test_page_in_a_browser(browser, served, docname):
             colab = page.locator(f'a[href^="https://colab.research.google.com/github/"][href$="/{notebook}"]')
             if colab.count() == 0:
                 problems.append(f"no Colab launch link to {notebook}")
+            problems += page.evaluate(DIAGRAMS, f"fig-ch{notebook[2:4]}-diagram-")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shot = docname.replace("/", "_")
         page.screenshot(path=str(SCREENSHOTS / f"{shot}.png"), full_page=True)

@@ -88,6 +88,40 @@ def test_the_reader_sees_no_glue_plumbing_and_no_setup_before_the_first_section(
     assert not visible, f"{path.name}: glue(...) in cells the website shows: {visible} (move it to a remove-cell cell)"
 
 
+@pytest.mark.parametrize("path", BOOK, ids=lambda p: p.name)
+def test_a_chapter_opens_with_its_goals_and_ends_with_a_summary_and_further_reading(path):
+    cells = load(path)["cells"]
+    opening = source(cells[0])
+    goals = opening.split("**In this chapter you will:**")
+    assert len(goals) == 2, f"{path.name}: the opening cell has no '**In this chapter you will:**' list"
+    bullets = re.findall(r"^[-*] \S", goals[1], flags=re.M)
+    assert 3 <= len(bullets) <= 8, f"{path.name}: {len(bullets)} goals listed, expected 3 to 8"
+    sections = [(i, h) for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                for h in re.findall(r"^## (.+)$", source(c), flags=re.M)]
+    assert [h.strip() for _, h in sections[-2:]] == ["Summary", "Further reading"], \
+        f"{path.name}: the last two sections are {[h for _, h in sections[-2:]]}, expected Summary, Further reading"
+    further = "\n".join(source(c) for c in cells[sections[-1][0]:] if c["cell_type"] == "markdown")
+    assert "{cite" in further, f"{path.name}: Further reading cites nothing"
+
+
+@pytest.mark.parametrize("path", BOOK, ids=lambda p: p.name)
+def test_a_chapter_has_a_conceptual_diagram_with_alt_text_and_caption(path):
+    prefix = f"fig-ch{path.name[2:4]}-diagram-"
+    found = []
+    for cell in load(path)["cells"]:
+        meta = cell["metadata"].get("mystnb", {})
+        name = meta.get("figure", {}).get("name", "")
+        if cell["cell_type"] != "code" or not name.startswith(prefix):
+            continue
+        alt, caption = meta.get("image", {}).get("alt", ""), meta["figure"].get("caption", "")
+        assert len(alt.split()) >= 8, f"{path.name}: {name} needs alt text a reader can use, got {alt!r}"
+        assert caption.strip(), f"{path.name}: {name} has no caption"
+        assert "remove-input" in cell["metadata"].get("tags", []), f"{path.name}: {name} shows its drawing code"
+        assert any("image/png" in o.get("data", {}) for o in cell["outputs"]), f"{path.name}: {name} has no image"
+        found.append(name)
+    assert found, f"{path.name}: no conceptual diagram (a figure cell named {prefix}...)"
+
+
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
 def test_exercise_notebooks_have_no_outputs_and_no_solutions(path):
     nb = load(path)
