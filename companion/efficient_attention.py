@@ -88,7 +88,7 @@ def sliding_window_attention(
 
     Args:
         q, k, v: ``(B, H, T, Dh)``, ``(B, H, T, Dh)``, ``(B, H, T, Dv)`` (self-attention).
-        window: ``W``, keys on each side (the paper's window is ``2W + 1``).
+        window: ``W``, keys on each side (the paper's window size ``w`` counts both sides: ``w = 2W``).
         global_tokens: positions with global attention.
         causal: only keys ``j <= i``.
         slopes: ALiBi slopes ``(H,)``: adds ``-m_h |i - j|`` to each score.
