@@ -88,7 +88,7 @@ def sliding_window_attention(
 
     Args:
         q, k, v: ``(B, H, T, Dh)``, ``(B, H, T, Dh)``, ``(B, H, T, Dv)`` (self-attention).
-        window: ``W``, keys on each side (the paper's window is ``2W + 1``).
+        window: ``W``, keys on each side (the paper's window size ``w`` counts both sides: ``w = 2W``).
         global_tokens: positions with global attention.
         causal: only keys ``j <= i``.
         slopes: ALiBi slopes ``(H,)``: adds ``-m_h |i - j|`` to each score.
@@ -190,7 +190,7 @@ def bigbird_attention(
 # ---------------------------------------------------------------- Linformer
 
 def linformer_projections(seq_len: int, k: int, *, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two ``(K, S)`` projections ``E, F`` with entries ``N(0, 1/K)`` (Wang et al., 2020, section 4, theorem 1).
+    """Two ``(K, S)`` projections ``E, F`` with entries ``N(0, 1/K)`` (Wang et al., 2020: the JL construction behind theorems 1 and 2, sections 3 and 4).
 
     In a Linformer layer they are learned parameters; this is their random
     (Johnson-Lindenstrauss) starting point.
@@ -230,6 +230,8 @@ def orthogonal_random_features(n_features: int, d_head: int, *, generator: torch
     Blocks of ``Dh`` exactly orthogonal rows (QR of a Gaussian matrix), each row
     rescaled to the norm of an independent Gaussian vector, so every row is
     marginally ``N(0, I)`` while rows within a block are orthogonal (lower variance).
+    The paper's variance result (section 3, theorem 2) is for one block, ``M <= Dh``;
+    beyond that the blocks here are independent of each other.
     """
     check_positive_int("n_features", n_features)
     check_positive_int("d_head", d_head)
@@ -272,7 +274,7 @@ def performer_attention(
     ``softmax(q k^T / sqrt(Dh)) v ~ D^-1 (phi(q) (phi(k)^T v))`` with
     ``D = diag(phi(q) phi(k)^T 1)``: the ``(T, S)`` matrix is never formed;
     time and memory are ``O((T + S) M Dh)``. ``causal`` uses running sums of
-    ``phi(k_j) v_j^T`` (prefix sums, section 2.2; needs ``T == S``), ``O(T M Dv)`` memory here.
+    ``phi(k_j) v_j^T`` (prefix sums, the paper's section 2.1 and appendix B.1; needs ``T == S``), ``O(T M Dv)`` memory here.
     """
     _check_qkv(q, k, v, same_length=causal)
     d = q.shape[-1]

@@ -1,23 +1,32 @@
-"""Exact attention computed tile by tile with an online softmax: the FlashAttention algorithm in PyTorch.
+"""Exact attention computed tile by tile with an online softmax, in the loop order of FlashAttention-2.
 
-Dao et al. (2022), "FlashAttention: Fast and Memory-Efficient Exact Attention
-with IO-Awareness", algorithm 1. Attention needs the softmax of a whole row of
-scores, yet the row never has to exist at once: walk over the keys in blocks,
-keep for every query the running maximum ``m``, the running sum of
-exponentials ``l`` and the running (unnormalised) output ``o``, and rescale the
-old ``l`` and ``o`` by ``exp(m_old - m_new)`` whenever the maximum grows. After
-the last block, ``o / l`` is exactly ``softmax(q k^T * scale) v`` (up to
-rounding), and ``m + log(l)`` is each row's log-sum-exp.
+Attention needs the softmax of a whole row of scores, yet the row never has to
+exist at once: walk over the keys in blocks, keep for every query the running
+maximum ``m``, the running sum of exponentials ``l`` and the running output
+``o``, and rescale the old ``l`` and ``o`` by ``exp(m_old - m_new)`` whenever
+the maximum grows. After the last block, ``o / l`` is exactly
+``softmax(q k^T * scale) v`` (up to rounding), and ``L = m + log(l)`` is each
+row's log-sum-exp.
+
+Versions. FlashAttention (Dao et al., 2022; "FlashAttention-1" below), section
+3.1, algorithm 1, puts the key/value blocks in the outer loop and the query
+blocks in the inner one, and rewrites a normalised output block (with ``l`` and
+``m``) after every step; its backward pass (appendix B.4, algorithm 4) starts
+from the saved ``(m, l)``. What this module does is FlashAttention-2 (Dao,
+2023), section 3.1: query blocks in the outer loop, an unnormalised ``o``
+divided by ``l`` once at the end, and only ``L = m + log(l)`` saved for the
+backward pass (forward: algorithm 1; backward: algorithm 2, which recomputes
+each tile's probabilities as ``exp(s - L)``). Like FlashAttention-2 it skips
+the key blocks a causal mask hides entirely. One difference: the backward pass
+below loops over query blocks outside and key blocks inside, where
+FlashAttention-2's algorithm 2 puts the key/value blocks outside.
 
 Memory: the naive computation materialises the (T, S) score matrix; the tiled
-one holds only a (block_q, block_k) tile, so its extra memory grows linearly
-with the length. The FLOPs are the same; the speed-up of the real kernel comes
-from keeping tiles in on-chip SRAM, which plain PyTorch on a CPU cannot
-control, so here it is a statement about memory, not time.
-
-The backward pass (:class:`TiledAttention`) recomputes each tile's
-probabilities from the saved log-sum-exp instead of storing them (algorithm 2
-of the paper), again in O(T) extra memory.
+one holds only a (block_q, block_k) tile at a time, so its extra memory is that
+fixed tile plus the O(T) output and log-sum-exp. The FLOPs are the same; the
+speed-up of the real kernels comes from keeping tiles in on-chip SRAM, which
+plain PyTorch on a CPU cannot control, so here it is a statement about memory,
+not time.
 
 Shape legend: B batch, H heads, T queries, S keys, Dh head size.
 """
