@@ -18,7 +18,8 @@ Building blocks
 
 Models and what is built on them
 
-* :mod:`companion.models`: one module per model (Transformer, GPT, BERT and its variants, T5, BART, DeBERTa);
+* :mod:`companion.models`: one module per model (Transformer, GPT, BERT and its variants, T5, BART, DeBERTa,
+  the small causal LM of the position and depth experiments);
   ``models/_hf.py`` is the one Hugging Face loader helper
 * :mod:`companion.generation`: greedy, sampling and beam-search decoding (10)
 * :mod:`companion.diagnostics`: gradient norms per layer, warm-up runs (5)

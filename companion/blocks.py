@@ -265,12 +265,12 @@ class DecoderBlock(Block):
 
 
 def _sized_parts(d_model, n_heads, d_ff, cross, *, dropout, activation, norm, norm_eps, bias, gated, d_head,
-                 n_kv_heads, layer_idx) -> dict[str, nn.Module]:
+                 n_kv_heads, layer_idx, attention=MultiHeadAttention) -> dict[str, nn.Module]:
     norm_bias = bias if norm == "layernorm" else None
     attn_kw = dict(d_head=d_head, n_kv_heads=n_kv_heads, bias=bias, dropout=dropout, layer_idx=layer_idx)
     # Creation order (self-attention, its norm, cross-attention, its norm, FFN, norm)
     # fixes the random initial weights of a seeded model: keep it.
-    parts = dict(self_attn=MultiHeadAttention(d_model, n_heads, **attn_kw), norm1=make_norm(norm, d_model, norm_eps, norm_bias))
+    parts = dict(self_attn=attention(d_model, n_heads, **attn_kw), norm1=make_norm(norm, d_model, norm_eps, norm_bias))
     if cross:
         parts.update(cross_attn=CrossAttention(d_model, n_heads, **attn_kw),
                      norm_cross=make_norm(norm, d_model, norm_eps, norm_bias))
@@ -299,15 +299,16 @@ class TransformerBlock(Block):
         gated: a :class:`GatedFeedForward` instead of :class:`FeedForward`.
         d_head, n_kv_heads: passed to :class:`~companion.attention.MultiHeadAttention`.
         layer_idx: this layer's slot in a KV cache.
+        attention: the self-attention class (:class:`~companion.attention.RotaryAttention` for RoPE).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = True, dropout: float = 0.0,
                  activation: Activation = "relu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
                  bias: bool = True, gated: bool = False, d_head: int | None = None, n_kv_heads: int | None = None,
-                 layer_idx: int = 0) -> None:
+                 layer_idx: int = 0, attention: type[MultiHeadAttention] = MultiHeadAttention) -> None:
         p = _sized_parts(d_model, n_heads, d_ff, False, dropout=dropout, activation=activation, norm=norm,
                          norm_eps=norm_eps, bias=bias, gated=gated, d_head=d_head, n_kv_heads=n_kv_heads,
-                         layer_idx=layer_idx)
+                         layer_idx=layer_idx, attention=attention)
         super().__init__(p["self_attn"], p["ffn"], p["norm1"], p["norm2"], norm_first=norm_first, dropout=dropout)
 
     @staticmethod

@@ -2,9 +2,9 @@
 
 Shape legend: B batch, T length, D model size, V vocabulary, L number of layers.
 
-The model of the depth experiments is :class:`StackLM`, a small causal
-language model made of :class:`companion.blocks.TransformerBlock` s in either
-placement of the norm. :func:`grad_profile` measures, at initialisation,
+The model of the depth experiments is :class:`companion.models.small_lm.SmallLM`
+(its default configuration: learned positions, ReLU, Xavier initialisation) in
+either placement of the norm. :func:`grad_profile` measures, at initialisation,
 
 * the gradient norm of each block's parameters (all of them, and the second
   FFN matrix ``W2`` alone, the quantity Xiong et al. (2020) bound in their
@@ -17,19 +17,16 @@ placement of the norm. :func:`grad_profile` measures, at initialisation,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
-from ._checks import ShapeChecker, check_positive_int, check_token_ids
-from .blocks import NormKind, TransformerBlock, make_norm
+from ._checks import ShapeChecker
 from .data import random_batch
+from .models.small_lm import SmallLM, SmallLMConfig
 from .training import TrainConfig, lm_loss, train  # lm_loss re-exported
 
 __all__ = [
-    "StackConfig",
-    "StackLM",
     "lm_loss",
     "block_grad_norms",
     "GradProfile",
@@ -38,80 +35,7 @@ __all__ = [
     "load_warmup_results",
 ]
 
-Init = Literal["torch", "xavier"]
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    vocab_size: int  # V
-    max_positions: int  # longest input T the position table holds
-    n_layers: int = 6  # L
-    d_model: int = 64  # D
-    n_heads: int = 4  # H
-    d_ff: int = 256  # F, hidden size of the FFN
-    norm_first: bool = True  # pre-LN if True, post-LN if False
-    norm: NormKind = "layernorm"  # "layernorm" or "rmsnorm"
-    final_norm: bool | None = None  # norm after the last block; None = same as norm_first (GPT-2's ln_f)
-    init: Init = "xavier"  # "xavier": N(0, 2/(fan_in+fan_out)) weights and zero biases; "torch": PyTorch defaults
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_positions", "n_layers", "d_model", "n_heads", "d_ff"):
-            check_positive_int(name, getattr(self, name))
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.init not in ("torch", "xavier"):
-            raise ValueError(f"init must be 'torch' or 'xavier', got {self.init!r}")
-
-
-class StackLM(nn.Module):
-    """Token and learned position embeddings, ``n_layers`` causal blocks, optional final norm, a linear head.
-
-    ``forward(idx, keep_hidden=True)`` keeps the residual stream
-    ``x_0 (embeddings), x_1, ..., x_L`` in ``self.hidden`` with their
-    gradients retained, for :func:`grad_profile`.
-    """
-
-    def __init__(self, cfg: StackConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.d_ff, norm_first=cfg.norm_first, norm=cfg.norm)
-            for _ in range(cfg.n_layers)
-        )
-        final = cfg.norm_first if cfg.final_norm is None else cfg.final_norm
-        self.norm_f = make_norm(cfg.norm, cfg.d_model) if final else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
-        self.hidden: list[torch.Tensor] = []
-        if cfg.init == "xavier":
-            for m in self.modules():
-                if isinstance(m, nn.Linear):
-                    nn.init.xavier_normal_(m.weight)
-                    nn.init.zeros_(m.bias)
-                elif isinstance(m, nn.Embedding):
-                    nn.init.normal_(m.weight, std=0.5 ** 0.5)  # token + position: unit variance, like a LN output
-
-    def forward(self, idx: torch.Tensor, keep_hidden: bool = False) -> torch.Tensor:
-        """``idx`` (B, T) token ids -> logits (B, T, V)."""
-        check_token_ids("idx", idx, self.cfg.vocab_size)
-        t = idx.shape[1]
-        if t > self.cfg.max_positions:
-            raise ValueError(f"idx has length T={t}, longer than max_positions={self.cfg.max_positions}")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))  # (B, T, D)
-        self.hidden = []
-        if keep_hidden:
-            x.retain_grad()
-            self.hidden.append(x)
-        for block in self.blocks:
-            x = block(x, is_causal=True)  # (B, T, D)
-            if keep_hidden:
-                x.retain_grad()
-                self.hidden.append(x)
-        return self.lm_head(self.norm_f(x))  # (B, T, V)
-
-
-def block_grad_norms(model: StackLM, param: str | None = None) -> torch.Tensor:
+def block_grad_norms(model: SmallLM, param: str | None = None) -> torch.Tensor:
     """Gradient norm of each block after ``backward()``: shape (L,).
 
     ``param=None`` takes all parameters of the block together (one global L2
@@ -140,8 +64,8 @@ class GradProfile:
     loss: torch.Tensor  # (seeds,) loss at initialisation
 
 
-def grad_profile(cfg: StackConfig, batch: tuple[torch.Tensor, torch.Tensor], seeds: int | tuple[int, ...] = 3) -> GradProfile:
-    """Build :class:`StackLM` (cfg) once per seed, run one forward and backward on ``batch``, record the norms.
+def grad_profile(cfg: SmallLMConfig, batch: tuple[torch.Tensor, torch.Tensor], seeds: int | tuple[int, ...] = 3) -> GradProfile:
+    """Build :class:`SmallLM` (cfg) once per seed, run one forward and backward on ``batch``, record the norms.
 
     Dropout is off (the blocks have none) so the measurement is deterministic
     for a given seed.
@@ -154,19 +78,28 @@ def grad_profile(cfg: StackConfig, batch: tuple[torch.Tensor, torch.Tensor], see
     block, w2, stream, rms, losses = [], [], [], [], []
     for seed in seed_list:
         torch.manual_seed(seed)
-        model = StackLM(cfg)
-        loss = lm_loss(lambda ids: model(ids, keep_hidden=True), (x, y))  # keeps the hidden states for their gradients
+        model = SmallLM(cfg)
+        hidden = []  # the residual stream x_0 (block 0's input), x_1, ..., x_L (each block's output)
+
+        def keep(h: torch.Tensor) -> None:
+            h.retain_grad()  # so that backward() leaves dL/dx_l in h.grad
+            hidden.append(h)
+
+        model.blocks[0].register_forward_pre_hook(lambda module, args: keep(args[0]))
+        for layer in model.blocks:
+            layer.register_forward_hook(lambda module, args, out: keep(out))
+        loss = lm_loss(model, (x, y))
         loss.backward()
         block.append(block_grad_norms(model))
         w2.append(block_grad_norms(model, "ffn.down.weight"))
-        stream.append(torch.stack([h.grad.norm() for h in model.hidden]))
-        rms.append(torch.stack([h.detach().pow(2).mean().sqrt() for h in model.hidden]))
+        stream.append(torch.stack([h.grad.norm() for h in hidden]))
+        rms.append(torch.stack([h.detach().pow(2).mean().sqrt() for h in hidden]))
         losses.append(loss.detach())
     return GradProfile(torch.stack(block), torch.stack(w2), torch.stack(stream), torch.stack(rms), torch.stack(losses))
 
 
 def warmup_run(
-    cfg: StackConfig,
+    cfg: SmallLMConfig,
     train_ids: torch.Tensor,
     val_ids: torch.Tensor,
     *,
@@ -179,7 +112,7 @@ def warmup_run(
     eval_batches: int = 2,
     progress: bool = True,
 ) -> dict[str, object]:
-    """Train a fresh :class:`StackLM` with :func:`companion.training.train`; return its losses as plain lists.
+    """Train a fresh :class:`SmallLM` with :func:`companion.training.train`; return its losses as plain lists.
 
     The model, the training batches and the (fixed) validation batches are all
     seeded by ``seed``, so two runs that differ only in ``warmup_steps`` see
@@ -188,7 +121,7 @@ def warmup_run(
     ``diverged=True`` and empty losses.
     """
     torch.manual_seed(seed)
-    model = StackLM(cfg)
+    model = SmallLM(cfg)
     g_train = torch.Generator().manual_seed(seed)
     g_val = torch.Generator().manual_seed(10_000 + seed)
     t = cfg.max_positions

@@ -32,7 +32,7 @@ from companion.experiments.extrapolation import (  # noqa: E402
     make_data,
     train_position_lm,
 )
-from companion.models.position_lm import POSITION_SCHEMES  # noqa: E402
+from companion.models.small_lm import POSITION_SCHEMES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

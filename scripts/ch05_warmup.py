@@ -1,6 +1,6 @@
 """Chapter 5: post-LN vs pre-LN, with and without learning-rate warm-up, over several seeds.
 
-Trains the 6- and 12-layer character-level StackLM of companion.diagnostics on the
+Trains the 6- and 12-layer character-level SmallLM of companion.models.small_lm on the
 pydoc corpus for each (placement, warm-up, seed) and writes the losses to
 companion/checkpoints/ch05_warmup.pt (a few kB), which the chapter loads with
 companion.diagnostics.load_warmup_results(). The chapter itself repeats a
@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from companion.data import CharTokenizer, load_pydoc_text, train_val_split
-from companion.diagnostics import StackConfig, warmup_run
+from companion.diagnostics import warmup_run
+from companion.models.small_lm import SmallLMConfig
 
 SETTINGS = dict(d_model=64, n_heads=4, d_ff=256, max_positions=64)
 RUN = dict(steps=200, lr=3e-3, batch_size=16, eval_every=25, eval_batches=4)
@@ -52,7 +53,7 @@ def main() -> None:
     text = load_pydoc_text()
     tok = CharTokenizer(text)
     train_ids, val_ids = train_val_split(tok.encode(text))
-    cfg = StackConfig(vocab_size=tok.vocab_size, **SETTINGS)
+    cfg = SmallLMConfig(vocab_size=tok.vocab_size, **SETTINGS)
     runs = []
     for n_layers in args.layers:
         for seed in args.seeds:

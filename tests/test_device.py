@@ -80,7 +80,7 @@ def _main_output(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out[0]
 
 
-@pytest.mark.parametrize("case", [c for c in FORWARDS if c.name in ("GPT-2 style", "PositionLM rope", "PositionLM alibi",
+@pytest.mark.parametrize("case", [c for c in FORWARDS if c.name in ("GPT-2 style", "SmallLM rope", "SmallLM alibi",
                                                                      "BERT mlm", "DeBERTa v3")], ids=lambda c: c.name)
 def test_forward_on_the_device_equals_the_cpu(case, device):
     torch.manual_seed(0)

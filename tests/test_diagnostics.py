@@ -1,16 +1,15 @@
-"""companion.diagnostics: the depth-experiment model and its gradient measurements."""
+"""companion.diagnostics: gradient measurements on the depth experiments' SmallLM."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from companion.diagnostics import (
-    StackConfig,
-    StackLM,
     block_grad_norms,
     grad_profile,
     lm_loss,
 )
+from companion.models.small_lm import SmallLM, SmallLMConfig
 from companion.viz import grad_profile_explorer, plot_grad_profiles
 
 V, T = 11, 7
@@ -24,13 +23,13 @@ def batch(b=3, t=T, seed=0):
 
 def cfg(**kw):
     base = dict(vocab_size=V, max_positions=13, n_layers=3, d_model=12, n_heads=3, d_ff=29)
-    return StackConfig(**{**base, **kw})
+    return SmallLMConfig(**{**base, **kw})
 
 
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_stack_is_causal(norm_first):
     torch.manual_seed(0)
-    model = StackLM(cfg(norm_first=norm_first))
+    model = SmallLM(cfg(norm_first=norm_first))
     x, _ = batch()
     x2 = x.clone()
     x2[:, -1] = (x2[:, -1] + 1) % V
@@ -41,14 +40,14 @@ def test_stack_is_causal(norm_first):
 
 
 def test_final_norm_follows_the_placement_unless_given():
-    assert isinstance(StackLM(cfg(norm_first=True)).norm_f, torch.nn.LayerNorm)  # GPT-2's ln_f
-    assert isinstance(StackLM(cfg(norm_first=False)).norm_f, torch.nn.Identity)
-    assert isinstance(StackLM(cfg(norm_first=False, final_norm=True)).norm_f, torch.nn.LayerNorm)
+    assert isinstance(SmallLM(cfg(norm_first=True)).norm_f, torch.nn.LayerNorm)  # GPT-2's ln_f
+    assert isinstance(SmallLM(cfg(norm_first=False)).norm_f, torch.nn.Identity)
+    assert isinstance(SmallLM(cfg(norm_first=False, final_norm=True)).norm_f, torch.nn.LayerNorm)
 
 
 def test_lm_loss_is_cross_entropy_and_uniform_at_zero_logits():
     torch.manual_seed(0)
-    model = StackLM(cfg())
+    model = SmallLM(cfg())
     x, y = batch()
     want = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
     torch.testing.assert_close(lm_loss(model, (x, y)), want)
@@ -60,7 +59,7 @@ def test_lm_loss_is_cross_entropy_and_uniform_at_zero_logits():
 
 def test_block_grad_norms_equal_norm_of_concatenated_gradients():
     torch.manual_seed(0)
-    model = StackLM(cfg())
+    model = SmallLM(cfg())
     lm_loss(model, batch()).backward()
     got = block_grad_norms(model)
     for i, block in enumerate(model.blocks):
@@ -73,7 +72,7 @@ def test_block_grad_norms_equal_norm_of_concatenated_gradients():
 
 def test_block_grad_norms_needs_backward():
     with pytest.raises(ValueError, match="backward"):
-        block_grad_norms(StackLM(cfg()))
+        block_grad_norms(SmallLM(cfg()))
 
 
 @pytest.mark.parametrize("norm_first", [True, False])
@@ -83,14 +82,23 @@ def test_grad_profile_matches_an_independent_autograd_computation(norm_first):
     prof = grad_profile(c, (x, y), seeds=(4,))
     assert prof.block.shape == (1, 3) and prof.stream.shape == (1, 4) and prof.stream_rms.shape == (1, 4)
     torch.manual_seed(4)
-    model = StackLM(c)
-    logits = model(x, keep_hidden=True)
+    model = SmallLM(c)
+    # the residual stream written out: x_0 = token + position embeddings, x_l = block l's output
+    hidden = [model.tok_emb(x) + model.pos_emb.weight[: x.shape[1]]]
+    for block in model.blocks:
+        hidden.append(block(hidden[-1], is_causal=True))
+    logits = model.lm_head(model.norm_f(hidden[-1]))
+    torch.testing.assert_close(logits, model(x), rtol=0, atol=0)
     loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
     w2_params = [b.ffn.down.weight for b in model.blocks]
-    grads = torch.autograd.grad(loss, model.hidden + w2_params)
+    grads = torch.autograd.grad(loss, hidden + w2_params)
+    # gradients: autograd.grad of a subset may take other kernels than backward(), so up to rounding
     torch.testing.assert_close(prof.stream[0], torch.stack([g.norm() for g in grads[:4]]))
     torch.testing.assert_close(prof.w2[0], torch.stack([g.norm() for g in grads[4:]]))
-    torch.testing.assert_close(prof.loss[0], loss.detach())
+    # the forward pass is the same computation as grad_profile's: the same bits
+    torch.testing.assert_close(prof.loss[0], loss.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(prof.stream_rms[0], torch.stack([h.detach().pow(2).mean().sqrt() for h in hidden]),
+                               rtol=0, atol=0)
 
 
 def test_post_ln_stream_has_unit_rms_and_pre_ln_stream_grows():
@@ -116,8 +124,8 @@ def test_config_errors():
         cfg(init="he")
     with pytest.raises(TypeError, match="n_layers must be a positive int"):
         cfg(n_layers=2.0)
-    with pytest.raises(ValueError, match="longer than max_positions"):
-        StackLM(cfg())(torch.zeros(1, 14, dtype=torch.long))
+    with pytest.raises(ValueError, match="cannot index beyond their table"):
+        SmallLM(cfg())(torch.zeros(1, 14, dtype=torch.long))
 
 
 def test_plot_grad_profiles_draws_one_line_per_profile_and_checks_quantity():
@@ -140,3 +148,23 @@ def test_grad_profile_explorer_builds_a_widget():
     pytest.importorskip("ipywidgets")
     widget = grad_profile_explorer(V, batch(), seeds=1)
     assert len(widget.children) == 4
+
+
+def test_seeded_model_and_first_batch_reproduce_the_shipped_warmup_runs():
+    """scripts/ch05_warmup.py recorded each run's loss before its first step: the same seed gives the same model."""
+    from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
+    from companion.diagnostics import load_warmup_results
+
+    shipped = load_warmup_results()
+    text = load_pydoc_text()
+    tok = CharTokenizer(text)
+    train_ids, _ = train_val_split(tok.encode(text))
+    firsts = {(r["n_layers"], r["norm_first"], r["seed"]): r["train_loss"][0] for r in shipped["runs"]}
+    assert len(firsts) == 12  # 6 and 12 layers, post-LN and pre-LN, seeds 0-2 (the warm-up differs only later)
+    for (n_layers, norm_first, seed), recorded in firsts.items():
+        c = SmallLMConfig(vocab_size=tok.vocab_size, n_layers=n_layers, norm_first=norm_first, **shipped["settings"])
+        torch.manual_seed(seed)  # as warmup_run: the model, then the first training batch of its generator
+        model = SmallLM(c)
+        batch = random_batch(train_ids, c.max_positions, shipped["run"]["batch_size"], torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            assert abs(lm_loss(model, batch).item() - recorded) < 1e-5, (n_layers, norm_first, seed)

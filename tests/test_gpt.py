@@ -198,7 +198,7 @@ def test_shipped_checkpoint_loads_and_meets_the_chapter_goal():
 def test_shipped_configs_use_the_course_names():
     """Configs stored in checkpoints build today's configs (CONTRIBUTING, "Names"): no retired keys."""
     from companion.checkpoints import load_checkpoint
-    from companion.diagnostics import StackConfig
+    from companion.models.small_lm import SmallLMConfig
 
     retired = {"block_size", "layer_norm_eps", "max_len", "n_positions", "layer_norm_epsilon"}
     gpt = load_checkpoint("ch09_tiny_gpt")["config"]
@@ -206,7 +206,7 @@ def test_shipped_configs_use_the_course_names():
     assert GPTConfig(**gpt).max_positions == 128  # scripts/ch09_train_gpt.py trains on 128-character windows
     settings = load_checkpoint("ch05_warmup")["settings"]
     assert not retired & set(settings)
-    assert StackConfig(vocab_size=11, n_layers=2, **settings).max_positions == 64
+    assert SmallLMConfig(vocab_size=11, n_layers=2, **settings).max_positions == 64
 
 
 def test_every_shipped_checkpoint_uses_the_course_names():

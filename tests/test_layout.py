@@ -29,20 +29,19 @@ def test_only_the_attention_module_calls_the_attention_kernel_or_defines_lm_loss
 
 
 def test_every_model_is_made_of_blocks_and_multi_head_attention():
-    from companion.diagnostics import StackConfig, StackLM
     from companion.models.gpt import GPT, GPTConfig
     from companion.models.bert import BertConfig, BertForPreTraining
-    from companion.models.position_lm import PositionLM, PositionLMConfig
+    from companion.models.small_lm import SmallLM, SmallLMConfig
     from companion.models.transformer import Transformer, TransformerConfig
 
     models = [
         GPT(GPTConfig(vocab_size=11, max_positions=8, d_model=8, n_layers=2, n_heads=2)),
         Transformer(TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
                                       n_decoder_layers=1, max_positions=8)),
-        *(PositionLM(PositionLMConfig(vocab_size=11, position=p, d_model=8, n_heads=2, d_ff=16))
+        *(SmallLM(SmallLMConfig(vocab_size=11, position=p, n_layers=2, d_model=8, n_heads=2, d_ff=16))
           for p in ("none", "t5", "rope", "alibi")),
         BertForPreTraining(BertConfig(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_positions=8)),
-        StackLM(StackConfig(vocab_size=11, max_positions=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
+        SmallLM(SmallLMConfig(vocab_size=11, max_positions=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
     ]
     for model in models:
         blocks = [m for m in model.modules() if isinstance(m, Block)]
@@ -104,14 +103,15 @@ def test_moved_names_have_no_old_import_paths():
 
     import companion.diagnostics
     import companion.generation
-    import companion.models.position_lm
+    import companion.models.small_lm
 
     assert not (PACKAGE / "mask_viz.py").exists()  # now companion.viz.masks
     for module, names in [
-        (companion.models.position_lm, ["ExperimentConfig", "make_data", "train_position_lm", "evaluate_lengths",
-                                        "load_extrapolation_results", "load_position_lm"]),  # companion.experiments
+        (companion.models.small_lm, ["ExperimentConfig", "make_data", "train_position_lm", "evaluate_lengths",
+                                     "load_extrapolation_results", "load_position_lm"]),  # companion.experiments
         (companion.generation, ["plot_next_token_distribution", "next_token_explorer"]),  # companion.viz
-        (companion.diagnostics, ["plot_grad_profiles", "grad_profile_explorer"]),  # companion.viz
+        (companion.diagnostics, ["plot_grad_profiles", "grad_profile_explorer",  # companion.viz
+                                 "StackConfig", "StackLM"]),  # companion.models.small_lm
     ]:
         for name in names:
             assert not hasattr(module, name), f"{module.__name__}.{name} should only be importable from its new home"
@@ -153,7 +153,7 @@ def test_configs_use_the_course_names_only():
 
     configs = _config_classes()
     # the scan finds the models' configs (so that it cannot pass by finding nothing)
-    assert {"GPTConfig", "PositionLMConfig", "StackConfig", "TransformerConfig", "EncoderDecoderConfig", "BertConfig",
+    assert {"GPTConfig", "SmallLMConfig", "TransformerConfig", "EncoderDecoderConfig", "BertConfig",
             "DebertaConfig", "MoEConfig", "T5Sizes", "TextToTextRecipe"} <= set(configs), sorted(configs)
     for name, config in configs.items():
         fields = {f.name for f in dataclasses.fields(config)}
@@ -161,24 +161,22 @@ def test_configs_use_the_course_names_only():
         if "vocab_size" in fields and "d_model" in fields and name != "T5Sizes":  # a model: its length limit
             assert "max_positions" in fields, name
     # one name for T5's bucket count and distance limit, in every config that has them
-    for name in ("EncoderDecoderConfig", "PositionLMConfig", "T5Sizes", "TextToTextRecipe"):
+    for name in ("EncoderDecoderConfig", "SmallLMConfig", "T5Sizes", "TextToTextRecipe"):
         assert "n_buckets" in {f.name for f in dataclasses.fields(configs[name])}, name
 
 
 def test_models_name_their_tables_alike():
     """One attribute name for the token table, the position table, the final norm and the LM head."""
-    from companion.diagnostics import StackConfig, StackLM
     from companion.models.bert import BertConfig, BertModel
     from companion.models.deberta import DebertaConfig, DebertaModel
     from companion.models.encoder_decoder import EncoderDecoder
     from companion.models.gpt import GPT, GPTConfig
-    from companion.models.position_lm import PositionLM, PositionLMConfig
+    from companion.models.small_lm import SmallLM, SmallLMConfig
     from companion.models.t5 import t5_config
     from companion.models.transformer import Transformer, TransformerConfig
 
     causal = [GPT(GPTConfig(vocab_size=11, max_positions=8, d_model=8, n_layers=1, n_heads=2)),
-              PositionLM(PositionLMConfig(vocab_size=11, position="learned", d_model=8, n_heads=2, d_ff=16)),
-              StackLM(StackConfig(vocab_size=11, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))]
+              SmallLM(SmallLMConfig(vocab_size=11, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))]
     for model in causal:
         assert {"tok_emb", "pos_emb", "blocks", "norm_f", "lm_head"} <= dict(model.named_children()).keys(), \
             type(model).__name__
@@ -215,16 +213,14 @@ def test_package_docstrings_name_every_module():
 
 
 def test_small_causal_lms_check_token_ids_alike():
-    """GPT, PositionLM and StackLM share one check of token ids (companion._checks.check_token_ids)."""
+    """GPT and SmallLM share one check of token ids (companion._checks.check_token_ids)."""
     import pytest
 
-    from companion.diagnostics import StackConfig, StackLM
     from companion.models.gpt import GPT, GPTConfig
-    from companion.models.position_lm import PositionLM, PositionLMConfig
+    from companion.models.small_lm import SmallLM, SmallLMConfig
 
     models = [GPT(GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2)),
-              PositionLM(PositionLMConfig(vocab_size=10, d_model=8, n_heads=2, d_ff=16)),
-              StackLM(StackConfig(vocab_size=10, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))]
+              SmallLM(SmallLMConfig(vocab_size=10, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))]
     for model in models:
         name = type(model).__name__
         assert model(torch.tensor([[1, 2, 3]]).int()).shape == (1, 3, 10), name

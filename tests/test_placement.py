@@ -87,21 +87,11 @@ def _gpt1():
     return GPT(dataclasses.replace(GPT1, vocab_size=23, max_positions=16, d_model=16, n_layers=2, n_heads=2, d_ff=32))
 
 
-def _position_lm(position):
+def _small_lm(**kw):
     def build():
-        from companion.models.position_lm import PositionLM, PositionLMConfig
+        from companion.models.small_lm import SmallLM, SmallLMConfig
 
-        return PositionLM(PositionLMConfig(vocab_size=23, position=position, d_model=16, n_heads=2, n_layers=2,
-                                           d_ff=32, max_positions=16))
-    return build
-
-
-def _stack_lm(norm_first):
-    def build():
-        from companion.diagnostics import StackConfig, StackLM
-
-        return StackLM(StackConfig(vocab_size=23, max_positions=16, n_layers=2, d_model=16, n_heads=2, d_ff=32,
-                                   norm_first=norm_first))
+        return SmallLM(SmallLMConfig(vocab_size=23, max_positions=16, n_layers=2, d_model=16, n_heads=2, d_ff=32, **kw))
     return build
 
 
@@ -184,9 +174,10 @@ FORWARDS = [
     Case("GPT with GQA", lambda: _gpt(n_kv_heads=1), _lm_call),
     Case("GPT with padding", _gpt,
          lambda m: m(_ids(23), attention_mask=torch.ones(2, 7, dtype=torch.long).to(META))),
-    *(Case(f"PositionLM {p}", _position_lm(p), _lm_call) for p in ("none", "sinusoidal", "learned", "rope", "t5", "alibi")),
-    Case("StackLM pre-LN", _stack_lm(True), _lm_call),
-    Case("StackLM post-LN", _stack_lm(False), _lm_call),
+    *(Case(f"SmallLM {p}", _small_lm(position=p, activation="gelu", init="torch", head_bias=False), _lm_call)
+      for p in ("none", "sinusoidal", "learned", "rope", "t5", "alibi")),  # Chapter 3's models
+    Case("SmallLM pre-LN", _small_lm(norm_first=True), _lm_call),  # Chapter 5's
+    Case("SmallLM post-LN", _small_lm(norm_first=False), _lm_call),
     Case("Transformer (Chapter 4)", _transformer, _seq2seq_call),
     Case("T5 v1.0", _t5("1.0"), _seq2seq_call),
     Case("T5 v1.1", _t5("1.1"), _seq2seq_call),

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from companion.masks import additive_mask, causal_mask
-from companion.models.position_lm import POSITION_SCHEMES, PositionLM, PositionLMConfig
+from companion.experiments.extrapolation import MODEL
+from companion.models.small_lm import POSITION_SCHEMES, SmallLM, SmallLMConfig
 from companion.positional import (
     LearnedPositionalEmbedding,
     RelativePositionBias,
@@ -241,10 +242,15 @@ def test_alibi_bias_gives_the_same_attention_as_bloom():
 # ---------------------------------------------------------------- the language model
 
 
+def position_lm(**kw) -> SmallLM:
+    """A SmallLM as Chapter 3's extrapolation experiment builds it (pre-LN, GELU, torch init, no head bias)."""
+    return SmallLM(SmallLMConfig(**{**MODEL, **kw}))
+
+
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
 def test_position_lm_is_causal(scheme):
     torch.manual_seed(0)
-    model = PositionLM(PositionLMConfig(vocab_size=11, position=scheme, d_model=16, n_heads=2, max_positions=13)).eval()
+    model = position_lm(vocab_size=11, position=scheme, d_model=16, n_heads=2, max_positions=13).eval()
     if scheme == "t5":  # a zero-initialised bias would make T5 look like NoPE: randomise it
         torch.nn.init.normal_(model.rel_bias.relative_attention_bias.weight)
     ids = torch.randint(11, (2, 13))
@@ -261,8 +267,7 @@ def test_position_lm_is_causal(scheme):
 def test_position_lm_positions_matter_except_for_nope(scheme):
     """With one layer, swapping two earlier tokens changes the last prediction unless the model has no positions."""
     torch.manual_seed(1)
-    model = PositionLM(PositionLMConfig(vocab_size=11, position=scheme, d_model=16, n_heads=2, n_layers=1,
-                                        max_positions=13)).eval()
+    model = position_lm(vocab_size=11, position=scheme, d_model=16, n_heads=2, n_layers=1, max_positions=13).eval()
     if scheme == "t5":
         torch.nn.init.normal_(model.rel_bias.relative_attention_bias.weight)
     ids = torch.randint(11, (1, 7))
@@ -276,7 +281,7 @@ def test_position_lm_positions_matter_except_for_nope(scheme):
 
 
 def test_learned_lm_fails_beyond_its_table():
-    model = PositionLM(PositionLMConfig(vocab_size=5, position="learned", d_model=8, n_heads=2, max_positions=7))
+    model = position_lm(vocab_size=5, position="learned", d_model=8, n_heads=2, max_positions=7)
     model(torch.zeros(1, 7, dtype=torch.long))
     with pytest.raises(ValueError, match="cannot index beyond"):
         model(torch.zeros(1, 8, dtype=torch.long))
@@ -285,7 +290,7 @@ def test_learned_lm_fails_beyond_its_table():
 def test_nope_sees_order_through_the_causal_mask_with_two_layers():
     """Layer 1 output at position 0 depends only on token 0: a second layer can read the order from it."""
     torch.manual_seed(1)
-    model = PositionLM(PositionLMConfig(vocab_size=11, position="none", d_model=16, n_heads=2, n_layers=2)).eval()
+    model = position_lm(vocab_size=11, position="none", d_model=16, n_heads=2, n_layers=2).eval()
     ids = torch.randint(11, (1, 7))
     ids[0, 0], ids[0, 1] = 3, 4
     swapped = ids[:, [1, 0, 2, 3, 4, 5, 6]]
@@ -294,17 +299,24 @@ def test_nope_sees_order_through_the_causal_mask_with_two_layers():
 
 
 def test_shipped_results_and_weights_agree():
-    from companion.experiments import extrapolation as position_lm
+    """The shipped weights load into SmallLM (same keys and shapes, strict) and reproduce the recorded losses."""
+    from companion.experiments import extrapolation
 
-    results = position_lm.load_extrapolation_results()
+    results = extrapolation.load_extrapolation_results()
     assert set(results["loss"]) == set(POSITION_SCHEMES)
     lengths = results["config"]["eval_lengths"]
     train_length = results["config"]["train_length"]
     # the learned table has no rows beyond the training length; every other scheme runs at every length
     assert all((results["loss"]["learned"][str(n)] is None) == (n > train_length) for n in lengths)
     assert all(v is not None for s in POSITION_SCHEMES if s != "learned" for v in results["loss"][s].values())
-    data = position_lm.make_data()
-    exp = position_lm.ExperimentConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
-    model = position_lm.load_position_lm("alibi", data.tokenizer.vocab_size)
-    by_length, _ = position_lm.evaluate_lengths(model, data, exp, lengths=(train_length,))
-    assert abs(by_length[str(train_length)] - results["loss"]["alibi"][str(train_length)]) < 0.02  # float16 weights
+    data = extrapolation.make_data()
+    exp = extrapolation.ExperimentConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["config"].items()})
+    with extrapolation._checkpoint(extrapolation.CHECKPOINT_WEIGHTS).open("rb") as fh:
+        states = torch.load(fh, map_location="cpu", weights_only=True)
+    short = min(lengths)
+    for scheme in POSITION_SCHEMES:
+        model = extrapolation.load_position_lm(scheme, data.tokenizer.vocab_size)  # load_state_dict(strict=True)
+        assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == \
+            {k: tuple(v.shape) for k, v in states[scheme].items()}, scheme
+        by_length, _ = extrapolation.evaluate_lengths(model, data, exp, lengths=(short,))
+        assert abs(by_length[str(short)] - results["loss"][scheme][str(short)]) < 1e-3, scheme

@@ -1,7 +1,7 @@
-"""Chapter 3's length-extrapolation experiment: six :class:`~companion.models.position_lm.PositionLM`
-trained on windows of one length and scored on longer ones.
+"""Chapter 3's length-extrapolation experiment: six :class:`~companion.models.small_lm.SmallLM`
+(one per positional scheme) trained on windows of one length and scored on longer ones.
 
-The model lives in :mod:`companion.models.position_lm`; this module holds the
+The model lives in :mod:`companion.models.small_lm`; this module holds the
 experiment around it: its configuration, the data, training one model,
 evaluating by length, and loading the results and weights shipped in
 ``companion/checkpoints`` (written by ``scripts/ch03_train_extrapolation.py``).
@@ -17,13 +17,14 @@ from typing import Any
 import torch
 
 from ..data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
-from ..models.position_lm import POSITION_SCHEMES, PositionLM, PositionLMConfig
+from ..models.small_lm import POSITION_SCHEMES, SmallLM, SmallLMConfig
 from ..training import History, TrainConfig, lm_loss, train
 
 __all__ = [
     "ExperimentConfig",
     "ExtrapolationData",
     "make_data",
+    "model_config",
     "train_position_lm",
     "evaluate_lengths",
     "load_extrapolation_results",
@@ -66,15 +67,23 @@ def make_data() -> ExtrapolationData:
     return ExtrapolationData(tok, train_ids, val_ids)
 
 
+# The experiment's model: two pre-LN GELU layers with PyTorch's initialisation and no bias in the head.
+MODEL = dict(n_layers=2, activation="gelu", init="torch", head_bias=False)
+
+
+def model_config(scheme: str, vocab_size: int, exp: ExperimentConfig, **model_kwargs: Any) -> SmallLMConfig:
+    """The :class:`SmallLMConfig` of the experiment's model with positional ``scheme``."""
+    return SmallLMConfig(vocab_size, max_positions=exp.train_length, position=scheme, **{**MODEL, **model_kwargs})
+
+
 def train_position_lm(
     scheme: str, exp: ExperimentConfig, data: ExtrapolationData, *, steps: int | None = None, progress: bool = True,
     **model_kwargs: Any,
-) -> tuple[PositionLM, History]:
-    """Train one :class:`PositionLM` with positional ``scheme`` on windows of ``exp.train_length``."""
+) -> tuple[SmallLM, History]:
+    """Train one :class:`SmallLM` with positional ``scheme`` on windows of ``exp.train_length``."""
     steps = exp.steps if steps is None else steps
     torch.manual_seed(exp.seed)
-    model = PositionLM(PositionLMConfig(data.tokenizer.vocab_size, position=scheme,
-                                        max_positions=exp.train_length, **model_kwargs))
+    model = SmallLM(model_config(scheme, data.tokenizer.vocab_size, exp, **model_kwargs))
     gen = torch.Generator().manual_seed(exp.seed)
     cfg = TrainConfig(steps=steps, lr=exp.lr, warmup_steps=min(exp.warmup_steps, steps), eval_every=steps)
     hist = train(model, lm_loss, lambda step: random_batch(data.train_ids, exp.train_length, exp.batch_size, gen),
@@ -90,7 +99,7 @@ def _eval_windows(ids: torch.Tensor, length: int, n_windows: int) -> tuple[torch
 
 @torch.no_grad()
 def evaluate_lengths(
-    model: PositionLM, data: ExtrapolationData, exp: ExperimentConfig, lengths: tuple[int, ...] | None = None,
+    model: SmallLM, data: ExtrapolationData, exp: ExperimentConfig, lengths: tuple[int, ...] | None = None,
 ) -> tuple[dict[str, float | None], list[float | None]]:
     """Mean validation loss at each length (``None`` where the model cannot run), and the
     loss by position at the longest length, averaged over bins of ``exp.position_bin`` positions."""
@@ -131,7 +140,7 @@ def load_extrapolation_results() -> dict[str, Any]:
     return json.loads(_checkpoint(CHECKPOINT_JSON).read_text(encoding="utf-8"))
 
 
-def load_position_lm(scheme: str, vocab_size: int) -> PositionLM:
+def load_position_lm(scheme: str, vocab_size: int) -> SmallLM:
     """The trained model of ``scheme`` from the shipped checkpoint, in float32 and eval mode."""
     if scheme not in POSITION_SCHEMES:
         raise ValueError(f"scheme must be one of {POSITION_SCHEMES}, got {scheme!r}")
@@ -139,6 +148,6 @@ def load_position_lm(scheme: str, vocab_size: int) -> PositionLM:
                               for k, v in load_extrapolation_results()["config"].items()})
     with _checkpoint(CHECKPOINT_WEIGHTS).open("rb") as fh:
         states = torch.load(fh, map_location="cpu", weights_only=True)
-    model = PositionLM(PositionLMConfig(vocab_size, position=scheme, max_positions=exp.train_length))
-    model.load_state_dict({k: v.float() for k, v in states[scheme].items()})
+    model = SmallLM(model_config(scheme, vocab_size, exp))
+    model.load_state_dict({k: v.float() for k, v in states[scheme].items()}, strict=True)
     return model.eval()

@@ -2,7 +2,7 @@
 
 Every model module is listed here (``tests/test_layout.py`` checks that this map names each one):
 
-* :mod:`companion.models.position_lm`: a small causal LM with a choice of positional scheme (Chapter 3)
+* :mod:`companion.models.small_lm`: a small causal LM with a choice of positional scheme and norm placement (Chapters 3, 5)
 * :mod:`companion.models.seq2seq`: what every encoder-decoder shares: forward, decode, the cache, checks (Chapters 4, 11)
 * :mod:`companion.models.transformer`: the original encoder-decoder (Chapter 4)
 * :mod:`companion.models.bert`: BERT, its pre-training and fine-tuning heads, loaders (Chapter 7)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..diagnostics import GradProfile, StackConfig, grad_profile
+from ..diagnostics import GradProfile, grad_profile
+from ..models.small_lm import SmallLMConfig
 
 __all__ = ["plot_grad_profiles", "grad_profile_explorer"]
 
@@ -55,7 +56,7 @@ def grad_profile_explorer(vocab_size: int, batch: tuple[torch.Tensor, torch.Tens
     def profile(n_layers: int, kind: str, norm_first: bool) -> GradProfile:
         key = (n_layers, kind, norm_first)
         if key not in cache:
-            cfg = StackConfig(vocab_size=vocab_size, max_positions=t, n_layers=n_layers, norm_first=norm_first, norm=kind)
+            cfg = SmallLMConfig(vocab_size=vocab_size, max_positions=t, n_layers=n_layers, norm_first=norm_first, norm=kind)
             cache[key] = grad_profile(cfg, batch, seeds=seeds)
         return cache[key]
 
