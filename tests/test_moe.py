@@ -306,4 +306,5 @@ def test_moe_gpt_with_top2_is_causal():
     y = x.clone()
     y[:, -1] = (y[:, -1] + 1) % 11
     with torch.no_grad():
-        assert torch.equal(model(x)[:, :-1], model(y)[:, :-1])
+        # equal up to rounding: an expert's matrix product may round differently when it serves other rows
+        torch.testing.assert_close(model(x)[:, :-1], model(y)[:, :-1], rtol=0, atol=1e-6)
