@@ -97,11 +97,19 @@ def route_top1(logits: torch.Tensor, capacity: int) -> Routing:
     return Routing(dispatch, combine.to(logits.dtype), probs, choice)
 
 
-def route_top2(logits: torch.Tensor, capacity: int, *, normalize: bool = True) -> Routing:
-    """Top-2 routing (GShard): every token's first choice is served before any second choice.
+def route_top2(logits: torch.Tensor, capacity: int, *, normalize: bool = True, causal: bool = False) -> Routing:
+    """Top-2 routing: GShard's order by default, every token's first choice served before any second choice.
 
     The two weights are the two probabilities, renormalised to sum to 1 when
     ``normalize`` (as Mixtral does); a choice dropped by capacity weighs 0.
+
+    GShard's order counts the first choices of the whole group before serving a
+    second choice, so whether token t's second choice finds a place depends on
+    the first choices of the tokens after it. In a causal language model that
+    leaks the future into the routing of earlier tokens. With ``causal`` the
+    choices are served in position order instead (token 0's first and second
+    choice, then token 1's, ...), so a token's routing depends only on itself
+    and the tokens before it.
     """
     _check_logits(logits)
     check_positive_int("capacity", capacity)
@@ -112,9 +120,15 @@ def route_top2(logits: torch.Tensor, capacity: int, *, normalize: bool = True) -
     top_p, choice = probs.topk(2, dim=-1)  # (B, T, 2)
     weights = top_p / top_p.sum(-1, keepdim=True) if normalize else top_p
     first, second = F.one_hot(choice[..., 0], e), F.one_hot(choice[..., 1], e)  # (B, T, E)
-    served_first = _capacity_mask(first, capacity)
-    taken = served_first.sum(1)  # (B, E): places used by first choices
-    served_second = _capacity_mask(second, capacity, already=taken)
+    if causal:
+        b, t = choice.shape[:2]
+        both = torch.stack([first, second], dim=2).reshape(b, 2 * t, e)  # first, second of token 0, then token 1...
+        served = _capacity_mask(both, capacity).reshape(b, t, 2, e)
+        served_first, served_second = served[:, :, 0], served[:, :, 1]
+    else:
+        served_first = _capacity_mask(first, capacity)
+        taken = served_first.sum(1)  # (B, E): places used by first choices
+        served_second = _capacity_mask(second, capacity, already=taken)
     combine = served_first * weights[..., :1] + served_second * weights[..., 1:]
     return Routing(served_first | served_second, combine.to(logits.dtype), probs, choice)
 
@@ -168,7 +182,7 @@ class MoEFeedForward(nn.Module):
     """
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, *, top_k: int = 1, capacity_factor: float = 1.25,
-                 activation: str = "relu", bias: bool = False, router_bias: bool = False) -> None:
+                 activation: str = "relu", bias: bool = False, router_bias: bool = False, causal: bool = False) -> None:
         super().__init__()
         check_positive_int("n_experts", n_experts)
         if top_k not in (1, 2):
@@ -176,6 +190,7 @@ class MoEFeedForward(nn.Module):
         if not capacity_factor > 0:
             raise ValueError(f"capacity_factor must be positive, got {capacity_factor!r}")
         self.d_model, self.n_experts, self.top_k, self.capacity_factor = d_model, n_experts, top_k, capacity_factor
+        self.causal = causal  # top-2: serve choices in position order (see route_top2); top-1 always does
         self.router = nn.Linear(d_model, n_experts, bias=router_bias)
         self.experts = nn.ModuleList(FeedForward(d_model, d_ff, activation=activation, bias=bias)
                                      for _ in range(n_experts))
@@ -187,7 +202,9 @@ class MoEFeedForward(nn.Module):
         """``(routing, router logits)`` for ``x`` (B, T, D)."""
         logits = self.router(x)  # (B, T, E)
         capacity = self.capacity or expert_capacity(x.shape[1], self.n_experts, self.capacity_factor * self.top_k)
-        return (route_top1 if self.top_k == 1 else route_top2)(logits, capacity), logits
+        if self.top_k == 1:
+            return route_top1(logits, capacity), logits
+        return route_top2(logits, capacity, causal=self.causal), logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
@@ -214,6 +231,7 @@ class MoEConfig:
     n_experts: int  # E, expert FFNs per layer (each as wide as the dense FFN it replaces)
     top_k: int = 1  # experts per token (1: Switch, 2: GShard/Mixtral)
     capacity_factor: float = 1.25  # expert capacity = factor * top_k * tokens per sequence / n_experts
+    causal: bool = True  # top-2 in a causal GPT: serve choices in position order, so no token sees a later one
 
     def __post_init__(self) -> None:
         check_positive_int("n_experts", self.n_experts)
@@ -224,6 +242,8 @@ class MoEConfig:
         if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) \
                 or not self.capacity_factor > 0:
             raise ValueError(f"capacity_factor must be a positive number, got {self.capacity_factor!r}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be True or False, got {self.causal!r}")
 
 
 def moe_gpt(cfg: GPTConfig, moe: MoEConfig) -> GPT:
@@ -239,7 +259,8 @@ def moe_gpt(cfg: GPTConfig, moe: MoEConfig) -> GPT:
 
     def ffn(cfg: GPTConfig, layer_idx: int) -> MoEFeedForward:
         return MoEFeedForward(cfg.d_model, cfg.ff_size, moe.n_experts, top_k=moe.top_k,
-                              capacity_factor=moe.capacity_factor, activation=cfg.activation, bias=cfg.bias)
+                              capacity_factor=moe.capacity_factor, activation=cfg.activation, bias=cfg.bias,
+                              causal=moe.causal)
 
     return GPT(cfg, ffn=ffn)
 

@@ -1,4 +1,4 @@
-"""Train a tiny mixture-of-experts GPT and a dense GPT with the same active parameters, once (Chapter 14).
+"""Train a tiny mixture-of-experts GPT and a dense GPT with the same active parameters, for three seeds (Chapter 14).
 
 Both models are the course GPT (``companion.models.gpt``) on the characters of
 the course corpus: 2 pre-LN blocks of width 64. The dense model has one
@@ -9,7 +9,10 @@ see the same batches, in the same order, for the same number of steps; their
 steps are interleaved (dense, MoE, dense, MoE...) so that both are timed under
 the same machine load, and an equal wall-time budget is read off the recorded
 curves. The MoE loss adds Switch's load-balancing loss (weight 0.01) and
-ST-MoE's router z-loss (weight 0.001).
+ST-MoE's router z-loss (weight 0.001). Each seed draws its own initialisation
+and its own batches; the top-level fields of the JSON are the first seed's run
+(its curves, expert load and capacity sweep), and ``seeds`` holds every seed's
+losses, times and curves, with ``summary`` their mean, minimum and maximum.
 
 Writes ``companion/checkpoints/ch14_moe_vs_dense.json`` (losses, curves, expert
 load over training, drop rates by capacity factor, wall times) and
@@ -18,8 +21,8 @@ routing drawing of the chapter).
 
 Usage (from the repository root)::
 
-    python scripts/ch14_moe_vs_dense.py                  # the shipped run (1 thread)
-    python scripts/ch14_moe_vs_dense.py --steps 40 --out-dir /tmp/ch14   # a quick try
+    python scripts/ch14_moe_vs_dense.py                  # the shipped run (seeds 0 1 2, 1 thread)
+    python scripts/ch14_moe_vs_dense.py --steps 40 --seeds 0 1 --out-dir /tmp/ch14   # a quick try
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ from companion.calculators import count_parameters
 from companion.moe import MoEConfig, MoEFeedForward, drop_rate, expert_load, moe_aux_loss, moe_gpt, moe_parameter_counts
 from companion.training import TrainConfig, lr_at
 
-SEED = 0
+SEEDS = (0, 1, 2)
 SEQ_LEN = 64
 BATCH_SIZE = 32
 MODEL = dict(max_positions=SEQ_LEN, d_model=64, n_layers=2, n_heads=4, d_ff=256, dropout=0.0)
 MOE = MoEConfig(n_experts=4, top_k=1, capacity_factor=1.25)
 TRAIN = TrainConfig(steps=2000, lr=3e-3, warmup_steps=50, min_lr_ratio=0.1, weight_decay=0.1, eval_every=100)
-BALANCE_WEIGHT, Z_WEIGHT = 0.01, 0.001  # Switch (section 2.2) and ST-MoE (section 3.1)
+BALANCE_WEIGHT, Z_WEIGHT = 0.01, 0.001  # Switch (section 2.2) and ST-MoE (section 3.3, equation 5)
 EVAL_CHARS = 8192  # held-out characters for the curves (the final losses use the whole split)
 CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)
 VAL_FRACTION = 0.1
@@ -84,24 +87,50 @@ def capacity_sweep(model: GPT, val_ids: torch.Tensor) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=TRAIN.steps)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parents[1] / "companion/checkpoints")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tcfg = dataclasses.replace(TRAIN, steps=args.steps, warmup_steps=min(TRAIN.warmup_steps, args.steps))
+    runs = [run_seed(seed, tcfg, args.threads) for seed in args.seeds]
+    result, moe_state = runs[0]
+    per_seed = [{"seed": r["seed"], "final_val_loss": r["final_val_loss"], "wall_seconds": r["wall_seconds"],
+                 "equal_time_budget_seconds": r["equal_time_budget_seconds"], "at_equal_time": r["at_equal_time"],
+                 "curves": {name: {k: c[k] for k in ("eval_steps", "eval_loss", "eval_seconds")}
+                            for name, c in r["curves"].items()}} for r, _ in runs]
 
+    def spread(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        return {"mean": round(sum(values) / len(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+
+    summary = {"final_val_loss": {k: spread([s["final_val_loss"][k] for s in per_seed]) for k in ("dense", "moe")},
+               "moe_minus_dense": spread([s["final_val_loss"]["moe"] - s["final_val_loss"]["dense"] for s in per_seed]),
+               "wall_seconds": {k: spread([s["wall_seconds"][k] for s in per_seed]) for k in ("dense", "moe")},
+               "at_equal_time": {k: spread([s["at_equal_time"][k]["eval_loss"] for s in per_seed if s["at_equal_time"][k]])
+                                 for k in ("dense", "moe")}}
+    result = {**result, "seeds": per_seed, "summary": summary}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "ch14_moe_vs_dense.json").write_text(json.dumps(result, indent=1))
+    torch.save(moe_state, args.out_dir / "ch14_moe_gpt.pt")
+    print(json.dumps(summary))
+
+
+def run_seed(seed: int, tcfg: TrainConfig, threads: int) -> tuple[dict, dict]:
+    """Train the dense and the MoE model from ``seed``; return the result record and the MoE checkpoint."""
     text = load_pydoc_text()
     tok = CharTokenizer(text)
     train_ids, val_ids = train_val_split(tok.encode(text), VAL_FRACTION)
     dense_cfg = GPTConfig(vocab_size=tok.vocab_size, **MODEL)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     dense = GPT(dense_cfg)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     moe = moe_gpt(dense_cfg, MOE)
     init_sweep = capacity_sweep(moe, val_ids)
     models = {"dense": dense, "moe": moe}
     opts = {name: make_optimizer(m, tcfg) for name, m in models.items()}
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(seed)
     n_moe = len(moe_layers(moe))
     record = {name: {"train_loss": [], "eval_steps": [], "eval_loss": [], "eval_seconds": [], "seconds": 0.0}
               for name in models}
@@ -148,7 +177,7 @@ def main() -> None:
         within = [i for i, s in enumerate(r["eval_seconds"]) if s <= budget + 1e-9]
         at_budget[name] = {"steps": r["eval_steps"][within[-1]], "eval_loss": r["eval_loss"][within[-1]]} if within else None
     result = {
-        "seed": SEED, "threads": args.threads, "steps": tcfg.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
+        "seed": seed, "threads": threads, "steps": tcfg.steps, "batch_size": BATCH_SIZE, "seq_len": SEQ_LEN,
         "train_config": dataclasses.asdict(tcfg), "balance_weight": BALANCE_WEIGHT, "z_weight": Z_WEIGHT,
         "dense_config": dataclasses.asdict(dense_cfg), "moe_config": {**dataclasses.asdict(dense_cfg), **dataclasses.asdict(MOE)},
         "parameters": {"dense": moe_parameter_counts(dense), "moe": moe_parameter_counts(moe)},
@@ -161,11 +190,10 @@ def main() -> None:
         "torch_version": str(torch.__version__),
         "note": "wall times measured on a shared 2-core machine with other jobs running; steps interleaved",
     }
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "ch14_moe_vs_dense.json").write_text(json.dumps(result, indent=1))
-    torch.save({"config": dataclasses.asdict(dense_cfg), "moe": dataclasses.asdict(MOE), "state_dict": moe.state_dict(), "chars": tok.chars,
-                "seed": SEED, "steps": tcfg.steps}, args.out_dir / "ch14_moe_gpt.pt")
-    print(json.dumps({k: result[k] for k in ("final_val_loss", "wall_seconds", "at_equal_time", "parameters")}))
+    state = {"config": dataclasses.asdict(dense_cfg), "moe": dataclasses.asdict(MOE), "state_dict": moe.state_dict(),
+             "chars": tok.chars, "seed": seed, "steps": tcfg.steps}
+    print(json.dumps({k: result[k] for k in ("seed", "final_val_loss", "wall_seconds", "at_equal_time")}), flush=True)
+    return result, state
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from companion.moe import (MoEFeedForward, expert_capacity, from_hf_switch_mlp, hf_switch_has_capacity,
-                           load_balancing_loss, moe_reference, route_top1, route_top2, router_z_loss)
+                           load_balancing_loss, moe_gpt, MoEConfig, moe_reference, route_top1, route_top2,
+                           router_z_loss)
 
 transformers = pytest.importorskip("transformers")
 
@@ -267,3 +268,43 @@ def test_hf_switch_capacity_of_the_installed_release_is_what_its_layer_does():
     result = compare()
     assert result["dropped"], "the check needs dropped tokens"
     assert result["equal"] is result["guard"], result
+
+
+def _leak_logits():
+    """B=1, T=4, E=3: token 0 prefers expert 0 then 1; tokens 1 and 3 choose expert 1 first, token 2 expert 2."""
+    return torch.tensor([[[2.0, 1.0, -3.0], [-1.0, 2.0, 0.0], [-1.0, 0.0, 2.0], [-1.0, 2.0, 0.0]]])
+
+
+def test_gshard_top2_order_lets_a_later_token_change_an_earlier_routing():
+    logits = _leak_logits()
+    later = logits.clone()
+    later[0, 3] = torch.tensor([-1.0, 0.0, 2.0])  # only the last token changes its first choice
+    before, after = route_top2(logits, capacity=2), route_top2(later, capacity=2)
+    assert not before.dispatch[0, 0, 1] and after.dispatch[0, 0, 1]  # token 0's second choice depends on token 3
+    causal_before, causal_after = (route_top2(x, capacity=2, causal=True) for x in (logits, later))
+    assert causal_before.dispatch[0, 0, 1] and torch.equal(causal_before.dispatch[0, :3], causal_after.dispatch[0, :3])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_causal_top2_routing_of_a_prefix_ignores_the_tokens_after_it(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(3, 12, 4, generator=g)
+    full = route_top2(logits, capacity=4, causal=True)
+    for t in (1, 5, 11):
+        prefix = route_top2(logits[:, :t], capacity=4, causal=True)
+        assert torch.equal(full.dispatch[:, :t], prefix.dispatch)
+        assert torch.equal(full.combine[:, :t], prefix.combine)
+
+
+def test_moe_gpt_with_top2_is_causal():
+    from companion.models.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=11, max_positions=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    torch.manual_seed(0)
+    model = moe_gpt(cfg, MoEConfig(n_experts=4, top_k=2, capacity_factor=0.5)).eval()
+    x = torch.randint(0, 11, (4, 16), generator=torch.Generator().manual_seed(1))
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % 11
+    with torch.no_grad():
+        # equal up to rounding: an expert's matrix product may round differently when it serves other rows
+        torch.testing.assert_close(model(x)[:, :-1], model(y)[:, :-1], rtol=0, atol=1e-6)
