@@ -71,7 +71,7 @@ def spread(values: list[float]) -> dict:
 def runs_of(record: dict) -> dict:
     """``{task: {"kind", "train_examples", "test_examples", "pretrained": [run], "scratch": [run],
     "baselines": {name: [value per seed]}}}`` from a record, this schema or the older one-seed schema."""
-    seeds = record.get("seeds", [record["seed"]])
+    seeds = record["seeds"] if "seeds" in record else [record["seed"]]
     out = {}
     for name, row in record["tasks"].items():
         entry = {k: row[k] for k in ("kind", "train_examples", "test_examples")}

@@ -171,3 +171,39 @@ def test_recorded_finetuning_results_are_complete_and_sane():
         for k, b in row["baseline_spread"].items():
             assert len(b["per_seed"]) == len(rec["seeds"]) and b["min"] <= row["baselines"][k] <= b["max"]
     # what the chapter's prose claims about the recorded runs (CLAIMS)
+
+
+def test_finetune_script_merges_records_of_disjoint_seeds(tmp_path):
+    """scripts/ch07_finetune_bert.py --merge: the one-seed record of the older schema and a
+    per-seed record join into one record whose spread covers every seed."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ch07_finetune_bert.py"
+    spec = importlib.util.spec_from_file_location("ch07_finetune_bert", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(seed, acc):
+        return {"accuracy": acc, "seconds": 1.0, "first_loss": 1.0, "last_loss": 0.5, **({"seed": seed} if seed is not None else {})}
+
+    old = {"steps": 4, "lr": 0.1, "batch_size": 2, "seed": 0, "threads": 2, "tasks": {"t": {
+        "kind": "sequence", "train_examples": 8, "test_examples": 2, "baselines": {"majority": 0.5},
+        "pretrained": run(None, 0.9), "scratch": run(None, 0.6)}}}
+    new = script.summarise({"steps": 4, "lr": 0.1, "batch_size": 2, "seeds": [1, 2], "threads": 1}, {"t": {
+        "kind": "sequence", "train_examples": 8, "test_examples": 2, "baselines": {"majority": [0.5, 0.5]},
+        "pretrained": [run(1, 0.7), run(2, 0.8)], "scratch": [run(1, 0.6), run(2, 0.7)]}})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    rec = script.merge([tmp_path / "old.json", tmp_path / "new.json"])
+    row = rec["tasks"]["t"]
+    assert rec["seeds"] == [0, 1, 2] and [r["seed"] for r in row["pretrained"]["per_seed"]] == [0, 1, 2]
+    assert (row["pretrained"]["min"], row["pretrained"]["max"]) == (0.7, 0.9)
+    assert abs(row["pretrained"]["accuracy"] - 0.8) < 1e-9
+    assert row["baseline_spread"]["majority"]["per_seed"] == [0.5, 0.5, 0.5]
+    with pytest.raises(ValueError, match="seed recorded twice"):
+        script.merge([tmp_path / "new.json", tmp_path / "new.json"])
+    (tmp_path / "other.json").write_text(json.dumps({**old, "steps": 5}))
+    with pytest.raises(ValueError, match="same recipe"):
+        script.merge([tmp_path / "old.json", tmp_path / "other.json"])
