@@ -170,7 +170,20 @@ def test_recorded_finetuning_results_are_complete_and_sane():
         assert all(0.0 <= v <= 1.0 for v in row["baselines"].values())
         for k, b in row["baseline_spread"].items():
             assert len(b["per_seed"]) == len(rec["seeds"]) and b["min"] <= row["baselines"][k] <= b["max"]
-    # what the chapter's prose claims about the recorded runs (CLAIMS)
+    # what the chapter's prose claims about the recorded runs, seed by seed (min and max)
+    t = rec["tasks"]
+    rw, cap, nsp = t["replaced_word"], t["capitalisation"], t["next_sentence"]
+    assert rw["pretrained"]["min"] > rw["scratch"]["max"] + 0.05  # "outside the spread"
+    assert rw["pretrained"]["min"] > max(rw["baselines"].values()) + 0.05
+    assert rw["scratch"]["max"] < max(rw["baselines"].values()) + 0.02  # "no better than the guesses"
+    assert cap["pretrained"]["min"] > cap["scratch"]["max"]  # "ahead on every seed"
+    assert cap["pretrained"]["accuracy"] - cap["scratch"]["accuracy"] < 0.01  # "by less than a point"
+    assert min(cap["pretrained"]["min"], cap["scratch"]["min"]) > max(cap["baselines"].values())
+    bow = nsp["baseline_spread"]["bag_of_words"]
+    assert bow["min"] == bow["max"]  # "the same on every seed"
+    assert nsp["baselines"]["bag_of_words"] > nsp["baselines"]["majority"] + 0.1  # "shared words give much away"
+    assert bow["max"] < nsp["pretrained"]["min"] and nsp["pretrained"]["max"] - bow["min"] < 0.1  # "a few points"
+    assert nsp["pretrained"]["min"] > nsp["scratch"]["max"]
 
 
 def test_finetune_script_merges_records_of_disjoint_seeds(tmp_path):
