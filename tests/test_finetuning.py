@@ -155,18 +155,68 @@ def test_recorded_finetuning_results_are_complete_and_sane():
 
     rec = json.loads((resources.files("companion.checkpoints") / "ch07_finetune.json").read_text())
     assert set(rec["tasks"]) == {"next_sentence", "capitalisation", "replaced_word"}
+    assert len(rec["seeds"]) >= 3 and len(set(rec["seeds"])) == len(rec["seeds"])  # a spread, not one draw
     for name, row in rec["tasks"].items():
         assert row["train_examples"] > 4 * row["test_examples"] * 0.9 and row["test_examples"] >= 100
         for init in ("pretrained", "scratch"):
-            assert 0.0 <= row[init]["accuracy"] <= 1.0 and row[init]["seconds"] > 0
-            assert row[init]["last_loss"] < row[init]["first_loss"], (name, init)
+            r = row[init]
+            assert [s["seed"] for s in r["per_seed"]] == rec["seeds"], (name, init)
+            accs = [s["accuracy"] for s in r["per_seed"]]
+            assert r["min"] == min(accs) and r["max"] == max(accs), (name, init)
+            assert abs(r["accuracy"] - sum(accs) / len(accs)) < 1e-4, (name, init)
+            assert 0.0 <= r["min"] <= r["accuracy"] <= r["max"] <= 1.0 and r["seconds"] > 0
+            for s in r["per_seed"]:
+                assert s["last_loss"] < s["first_loss"], (name, init, s["seed"])
         assert all(0.0 <= v <= 1.0 for v in row["baselines"].values())
-    # what the chapter's prose claims about the recorded run
+        for k, b in row["baseline_spread"].items():
+            assert len(b["per_seed"]) == len(rec["seeds"]) and b["min"] <= row["baselines"][k] <= b["max"]
+    # what the chapter's prose claims about the recorded runs, seed by seed (min and max)
     t = rec["tasks"]
-    assert t["replaced_word"]["pretrained"]["accuracy"] > t["replaced_word"]["scratch"]["accuracy"] + 0.05
-    assert t["replaced_word"]["pretrained"]["accuracy"] > max(t["replaced_word"]["baselines"].values()) + 0.05
-    assert t["capitalisation"]["pretrained"]["accuracy"] > max(t["capitalisation"]["baselines"].values())
-    nsp = t["next_sentence"]
+    rw, cap, nsp = t["replaced_word"], t["capitalisation"], t["next_sentence"]
+    assert rw["pretrained"]["min"] > rw["scratch"]["max"] + 0.05  # "outside the spread"
+    assert rw["pretrained"]["min"] > max(rw["baselines"].values()) + 0.05
+    assert rw["scratch"]["max"] < max(rw["baselines"].values()) + 0.02  # "no better than the guesses"
+    assert cap["pretrained"]["min"] > cap["scratch"]["max"]  # "ahead on every seed"
+    assert cap["pretrained"]["accuracy"] - cap["scratch"]["accuracy"] < 0.01  # "by less than a point"
+    assert min(cap["pretrained"]["min"], cap["scratch"]["min"]) > max(cap["baselines"].values())
+    bow = nsp["baseline_spread"]["bag_of_words"]
+    assert bow["min"] == bow["max"]  # "the same on every seed"
     assert nsp["baselines"]["bag_of_words"] > nsp["baselines"]["majority"] + 0.1  # "shared words give much away"
-    assert abs(nsp["pretrained"]["accuracy"] - nsp["baselines"]["bag_of_words"]) < 0.1  # "close to"
-    assert nsp["pretrained"]["accuracy"] > nsp["scratch"]["accuracy"]
+    assert bow["max"] < nsp["pretrained"]["min"] and nsp["pretrained"]["max"] - bow["min"] < 0.1  # "a few points"
+    assert nsp["pretrained"]["min"] > nsp["scratch"]["max"]
+
+
+def test_finetune_script_merges_records_of_disjoint_seeds(tmp_path):
+    """scripts/ch07_finetune_bert.py --merge: the one-seed record of the older schema and a
+    per-seed record join into one record whose spread covers every seed."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ch07_finetune_bert.py"
+    spec = importlib.util.spec_from_file_location("ch07_finetune_bert", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(seed, acc):
+        return {"accuracy": acc, "seconds": 1.0, "first_loss": 1.0, "last_loss": 0.5, **({"seed": seed} if seed is not None else {})}
+
+    old = {"steps": 4, "lr": 0.1, "batch_size": 2, "seed": 0, "threads": 2, "tasks": {"t": {
+        "kind": "sequence", "train_examples": 8, "test_examples": 2, "baselines": {"majority": 0.5},
+        "pretrained": run(None, 0.9), "scratch": run(None, 0.6)}}}
+    new = script.summarise({"steps": 4, "lr": 0.1, "batch_size": 2, "seeds": [1, 2], "threads": 1}, {"t": {
+        "kind": "sequence", "train_examples": 8, "test_examples": 2, "baselines": {"majority": [0.5, 0.5]},
+        "pretrained": [run(1, 0.7), run(2, 0.8)], "scratch": [run(1, 0.6), run(2, 0.7)]}})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    rec = script.merge([tmp_path / "old.json", tmp_path / "new.json"])
+    row = rec["tasks"]["t"]
+    assert rec["seeds"] == [0, 1, 2] and [r["seed"] for r in row["pretrained"]["per_seed"]] == [0, 1, 2]
+    assert (row["pretrained"]["min"], row["pretrained"]["max"]) == (0.7, 0.9)
+    assert abs(row["pretrained"]["accuracy"] - 0.8) < 1e-9
+    assert row["baseline_spread"]["majority"]["per_seed"] == [0.5, 0.5, 0.5]
+    with pytest.raises(ValueError, match="seed recorded twice"):
+        script.merge([tmp_path / "new.json", tmp_path / "new.json"])
+    (tmp_path / "other.json").write_text(json.dumps({**old, "steps": 5}))
+    with pytest.raises(ValueError, match="same recipe"):
+        script.merge([tmp_path / "old.json", tmp_path / "other.json"])
