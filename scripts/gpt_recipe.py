@@ -5,7 +5,7 @@ with the course's loop (companion.training.train) and is evaluated the same way:
 ``evaluate_lm`` on the held-out 10% with 64-character windows, so a model
 trained on longer contexts gets no advantage at evaluation.
 
-Runs (``--run NAME``; ``--run all`` does every one):
+Runs (``--run NAME [NAME ...]``; ``--run all`` does every one):
 
 * ``nanogpt``   the recipe nanoGPT publishes for a CPU (4 layers, 4 heads, width 128,
                 no biases, context 64, batch 12, AdamW lr 1e-3 with 100 warm-up steps and
@@ -22,10 +22,18 @@ The shipped Chapter 9 checkpoint (context 128) is the fifth point; Chapter 9
 evaluates it the same way.
 Runs of the same shape (same model, context, batch and steps) cost the same time,
 whatever the machine; the wall time of each run is recorded too, with the thread
-count. Results go to ``companion/checkpoints/gpt_recipe.json`` (one entry per run,
-kept between invocations).
+count. Results go to ``companion/checkpoints/gpt_recipe.json`` (one entry per
+recipe, kept between invocations).
 
-Usage: ``python scripts/gpt_recipe.py --run nanogpt --threads 1``.
+Each recipe is run with several seeds (``--seeds 0 1 2``): seed ``s`` sets both
+the initialisation (``torch.manual_seed(s)``) and the stream of training
+windows. An entry keeps every seed's record under ``"seeds"`` and summarises
+them at its top level: ``val_loss_64`` is the mean over the recorded seeds,
+``val_loss_64_min``/``val_loss_64_max`` the range, ``n_seeds`` their number,
+and ``eval_loss`` the mean curve. Seed 0 is the single run recorded before seeds
+were added (issue 13); an old single-run entry is read as seed 0.
+
+Usage: ``python scripts/gpt_recipe.py --run nanogpt --seeds 0 1 2 --threads 1``.
 """
 
 from __future__ import annotations
@@ -64,16 +72,19 @@ RUNS = {
 }
 
 
-def run(name: str, threads: int) -> dict:
+_PER_SEED = ("eval_steps", "eval_loss", "val_loss_64", "wall_seconds", "threads")
+
+
+def run(name: str, threads: int, seed: int = SEED) -> dict:
     overrides, context, batch, tcfg, what = RUNS[name]
     torch.set_num_threads(threads)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     text = load_pydoc_text()
     tok = CharTokenizer(text)
     train_ids, val_ids = train_val_split(tok.encode(text), 0.1)
     cfg = GPTConfig(vocab_size=tok.vocab_size, max_positions=context, **_MODEL, **overrides)
     model = GPT(cfg)
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     hist = train(model, lm_loss, lambda step: random_batch(train_ids, context, batch, gen), tcfg,
                  eval_fn=lambda m: evaluate_lm(m, val_ids, EVAL_WINDOW), desc=name)
@@ -95,20 +106,45 @@ def run(name: str, threads: int) -> dict:
     }
 
 
+def merge(entry: dict | None, seed: int, result: dict) -> dict:
+    """Add one seed's ``result`` of a recipe to its recorded ``entry`` and recompute the summary."""
+    seeds = {}
+    if entry is not None:
+        # an entry written before seeds were recorded is the seed-0 run
+        seeds = entry.get("seeds") or {str(SEED): {k: entry[k] for k in _PER_SEED}}
+    seeds[str(seed)] = {k: result[k] for k in _PER_SEED}
+    seeds = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+    losses = [s["val_loss_64"] for s in seeds.values()]
+    curves = [s["eval_loss"] for s in seeds.values()]
+    out = {k: v for k, v in result.items() if k not in _PER_SEED}
+    out.update(
+        n_seeds=len(seeds),
+        val_loss_64=round(sum(losses) / len(losses), 4),
+        val_loss_64_min=min(losses),
+        val_loss_64_max=max(losses),
+        eval_steps=result["eval_steps"],
+        eval_loss=[round(sum(c) / len(c), 4) for c in zip(*curves)],
+        seeds=seeds,
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, choices=[*RUNS, "all"])
+    parser.add_argument("--run", required=True, nargs="+", choices=[*RUNS, "all"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[SEED])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    names = list(RUNS) if args.run == "all" else [args.run]
-    for name in names:
-        result = run(name, args.threads)
-        results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        results[name] = result
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"{name}: held-out {result['val_loss_64']:.4f} nats/char (64-char windows), "
-              f"{result['tokens']:,} tokens in {result['wall_seconds']:.0f} s ({args.threads} thread(s))")
+    names = list(RUNS) if "all" in args.run else args.run
+    for seed in args.seeds:
+        for name in names:
+            result = run(name, args.threads, seed)
+            results = json.loads(args.out.read_text()) if args.out.exists() else {}
+            results[name] = merge(results.get(name), seed, result)
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+            print(f"{name} seed {seed}: held-out {result['val_loss_64']:.4f} nats/char (64-char windows), "
+                  f"{result['tokens']:,} tokens in {result['wall_seconds']:.0f} s ({args.threads} thread(s))")
 
 
 if __name__ == "__main__":
