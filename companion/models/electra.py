@@ -90,6 +90,8 @@ class ElectraLoss(NamedTuple):
     generator: torch.Tensor  # MLM cross-entropy at the masked positions
     discriminator: torch.Tensor  # mean BCE over all real tokens
     replaced_fraction: float  # share of real tokens that the generator actually changed
+    replaced_detected: float  # share of the replaced tokens the discriminator flags (logit > 0)
+    original_kept: float  # share of the original tokens it leaves unflagged (logit <= 0)
 
 
 def electra_loss(generator: BertForMaskedLM, discriminator: ElectraDiscriminator, masked_ids: torch.Tensor,
@@ -103,7 +105,11 @@ def electra_loss(generator: BertForMaskedLM, discriminator: ElectraDiscriminator
     disc_logits = discriminator(corrupted, attention_mask)
     real = attention_mask.bool()
     disc_loss = F.binary_cross_entropy_with_logits(disc_logits[real], target[real])
-    return ElectraLoss(gen_loss + disc_weight * disc_loss, gen_loss, disc_loss, float(target[real].mean()))
+    flagged, replaced = disc_logits.detach()[real] > 0, target[real].bool()
+    detected = float(flagged[replaced].float().mean()) if replaced.any() else float("nan")
+    kept = float((~flagged[~replaced]).float().mean()) if (~replaced).any() else float("nan")
+    return ElectraLoss(gen_loss + disc_weight * disc_loss, gen_loss, disc_loss, float(replaced.float().mean()),
+                       detected, kept)
 
 
 def electra_config_from_hf(hf_config) -> BertConfig:
