@@ -23,6 +23,7 @@ The discriminator head is ``Linear(act(Linear(h)))`` -> one logit per token
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -43,9 +44,19 @@ ELECTRA_SMALL = BertConfig(d_model=256, n_layers=12, n_heads=4, d_ff=1024, embed
 
 
 class ElectraDiscriminator(nn.Module):
-    """An encoder and a per-token head: logit > 0 means "this token was replaced". Returns (B, T) logits."""
+    """An encoder and a per-token head: logit > 0 means "this token was replaced". Returns (B, T) logits.
 
-    def __init__(self, cfg: BertConfig) -> None:
+    ``replaced_prior`` (optional) starts the head's output bias at the log-odds
+    ``log(p / (1 - p))`` of the expected share ``p`` of replaced tokens, so that a
+    fresh discriminator already answers with the base rate. From a zero bias
+    (every token at probability 1/2, while only about 15% are replaced) the first
+    updates all say "lower every logit"; with a short warm-up that common push
+    can drive the encoder's hidden states towards one vector shared by every
+    position, after which the discriminator outputs the base rate and learns
+    nothing (Chapter 8's first ELECTRA run). Loading weights overwrites the bias.
+    """
+
+    def __init__(self, cfg: BertConfig, *, replaced_prior: float | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, pooler=False)
@@ -53,6 +64,11 @@ class ElectraDiscriminator(nn.Module):
         self.out = nn.Linear(cfg.d_model, 1)
         _init_weights(self.dense)
         _init_weights(self.out)
+        if replaced_prior is not None:
+            if isinstance(replaced_prior, bool) or not 0.0 < replaced_prior < 1.0:
+                raise ValueError(f"replaced_prior must be a probability in (0, 1), got {replaced_prior!r}")
+            with torch.no_grad():
+                self.out.bias.fill_(math.log(replaced_prior / (1.0 - replaced_prior)))
 
     def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> torch.Tensor:
         h = self.bert(input_ids, attention_mask, segment_ids, position_ids).hidden  # (B, T, D)
