@@ -5,7 +5,7 @@ Rather Than Generators". A small masked-LM **generator** fills the masked
 positions of a sentence with samples; the **discriminator**, the model kept
 after pre-training, reads the corrupted sentence and predicts for *every* token
 whether it was replaced (replaced-token detection, RTD). A sampled token equal
-to the original counts as original. The loss (section 2, equation 1) is
+to the original counts as original. The loss (section 2) is
 
     L = L_MLM(generator) + lambda * L_Disc,   lambda = 50,
 
