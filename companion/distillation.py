@@ -13,8 +13,12 @@ cheaper and lighter", section 3:
   ``T**2`` so that its gradients keep their scale when T changes (Hinton et al.,
   2015, section 2); ``alpha_mlm`` times the ordinary MLM cross-entropy; and
   ``alpha_cos`` times the cosine-embedding loss ``1 - cos(h_student, h_teacher)``
-  between the last hidden states, averaged over real tokens. DistilBERT's
-  weights are 5, 2 and 1 with T = 2 (its training script's defaults).
+  between the last hidden states, averaged over real tokens. The weights 5, 2
+  and 1 with T = 2 are those on the command line of Hugging Face's DistilBERT
+  training example (its README; the script's own defaults differ, and the paper
+  gives none). That script takes the KL term over every non-padding token
+  unless given ``--restrict_ce_to_mask``; here it is taken at the masked
+  positions only.
 """
 
 from __future__ import annotations

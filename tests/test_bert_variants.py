@@ -192,9 +192,100 @@ def test_recorded_electra_vs_bert_run_has_equal_compute():
 
     rec = json.loads((resources.files("companion.checkpoints") / "ch08_electra_vs_bert.json").read_text())
     b, e = rec["models"]["bert"], rec["models"]["electra"]
-    assert b["steps"] == rec["bert_steps"]
+    assert b["steps"] == rec["bert_steps"] and len(rec["seeds"]) >= 3
     assert abs(e["pretrain_flops"] - b["pretrain_flops"]) <= e["flops_per_step"] / 2  # equal to one step
     assert e["flops_per_step"] > b["flops_per_step"]  # the generator costs extra
     assert b["encoder_parameters"] == e["encoder_parameters"]  # the same encoder is compared
     for row in (b, e):
-        assert 0.0 <= row["replaced_word"] <= 1.0 and 0.0 <= row["capitalisation"] <= 1.0
+        assert sorted(row["per_seed"]) == sorted(str(s) for s in rec["seeds"])  # every seed recorded
+        for task in ("replaced_word", "capitalisation"):
+            values = [r[task] for r in row["per_seed"].values()]
+            assert 0.0 <= min(values) <= row[task] <= max(values) <= 1.0  # the mean lies in the spread
+            assert row[f"{task}_spread"] == {"mean": row[task], "min": min(values), "max": max(values)}
+
+
+def _electra_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ch08_electra_vs_bert.py"
+    spec = importlib.util.spec_from_file_location("ch08_electra_vs_bert", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_electra_script_generator_shares_the_discriminators_embeddings():
+    script = _electra_script()
+    cfg = BertConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_positions=16)
+    model = script.build("electra", cfg)
+    gen, disc = model["generator"], model["discriminator"]
+    for name in ("tok_emb", "pos_emb", "seg_emb"):  # one table, used by both networks' inputs
+        assert getattr(gen.bert.embeddings, name) is getattr(disc.bert.embeddings, name), name
+    assert gen.mlm.tok_emb is disc.bert.embeddings.tok_emb  # and by the generator's output layer
+    assert gen.cfg.d_model == cfg.d_model // 2  # a generator half the discriminator's width
+
+
+def test_recorded_electra_discriminator_learned_more_than_the_base_rate():
+    """The first recorded run's discriminator sat at the entropy H(p) of the replaced share p (it answered p
+    for every token, to four decimals): over every seed's last 50 steps its loss must stay below H(p)."""
+    import json
+    import math
+    from importlib import resources
+
+    rec = json.loads((resources.files("companion.checkpoints") / "ch08_electra_vs_bert.json").read_text())
+    for seed, row in rec["models"]["electra"]["per_seed"].items():
+        entropy = [-(p * math.log(p) + (1 - p) * math.log(1 - p)) for p in row["replaced_fraction"][-5:]]
+        gap = sum(h - loss for h, loss in zip(entropy, row["discriminator_loss"][-5:])) / 5
+        assert gap > 0.005, (seed, gap)  # nats per token below the constant answer
+        assert sum(row["replaced_detected"][-5:]) / 5 > 0.01, seed  # it flags some replaced tokens
+
+
+def _rtd_loss_after_training(replaced_prior, steps=40):
+    """A small discriminator trained on uniformly random replacements (15%) of a 35-token 'language' at the
+    Chapter 8 learning rate; returns (its BCE on a batch, the entropy of the replaced share)."""
+    import math
+
+    import torch.nn.functional as F
+
+    from companion.training import TrainConfig, train
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_positions=32)
+    disc = ElectraDiscriminator(cfg, replaced_prior=replaced_prior)
+    g = torch.Generator().manual_seed(0)
+
+    def batch(step):
+        ids = torch.randint(5, 40, (16, 32), generator=g)
+        swap = torch.rand(16, 32, generator=g) < 0.15
+        corrupted = torch.where(swap, torch.randint(5, 300, (16, 32), generator=g), ids)
+        return corrupted, (corrupted != ids).float()
+
+    train(disc, lambda m, b: F.binary_cross_entropy_with_logits(m(b[0]), b[1]), batch,
+          TrainConfig(steps=steps, lr=2e-3, warmup_steps=steps // 10), progress=False)
+    corrupted, target = batch(0)
+    with torch.no_grad():
+        loss = F.binary_cross_entropy_with_logits(disc.eval()(corrupted), target).item()
+    p = target.mean().item()
+    return loss, -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+def test_discriminator_started_at_the_base_rate_learns_where_a_zero_bias_stalls():
+    # Chapter 8's diagnosis in small: from a zero output bias the discriminator's loss stays at the entropy
+    # of "always the base rate"; started at the base rate's log-odds, it learns the (easy) replacements.
+    loss, entropy = _rtd_loss_after_training(replaced_prior=0.15)
+    assert loss < 0.75 * entropy
+    loss, entropy = _rtd_loss_after_training(replaced_prior=None)
+    assert loss > 0.9 * entropy
+
+
+def test_discriminator_replaced_prior_sets_the_starting_probability():
+    cfg = BertConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_positions=16, dropout=0.0)
+    torch.manual_seed(0)
+    disc = ElectraDiscriminator(cfg, replaced_prior=0.15).eval()
+    with torch.no_grad():
+        prob = torch.sigmoid(disc(torch.randint(5, 50, (2, 12)))).mean().item()
+    assert abs(prob - 0.15) < 0.05  # small initial weights: close to the prior for every token
+    for bad in (0.0, 1.0, True, -0.1):
+        with pytest.raises(ValueError, match="replaced_prior"):
+            ElectraDiscriminator(cfg, replaced_prior=bad)

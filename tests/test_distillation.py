@@ -86,9 +86,14 @@ def test_recorded_distillation_run_is_complete_and_sane():
     rec = json.loads((resources.files("companion.checkpoints") / "ch08_distill.json").read_text())
     t, init, dist, mlm = rec["teacher"], rec["student_init"], rec["distilled"], rec["mlm_only"]
     assert init["n_layers"] * 2 == t["n_layers"] and init["parameters"] < t["parameters"]
-    # what the chapter says: halving costs loss, training recovers most of it, distillation more than MLM alone
+    # what the chapter says: halving costs loss and training recovers most of it (over every seed);
+    # whether distillation beats MLM alone is read from the spreads, not asserted here
     assert init["held_out_loss"] > t["held_out_loss"] + 0.1
-    assert dist["held_out_loss"] < mlm["held_out_loss"] < init["held_out_loss"]
-    assert dist["held_out_loss"] - t["held_out_loss"] < 0.1  # "close to the teacher"
+    assert len(rec["seeds"]) >= 3 and sorted(rec["per_seed"]) == sorted(str(s) for s in rec["seeds"])
+    for name, row in (("distilled", dist), ("mlm_only", mlm)):
+        losses = [r[name]["held_out_loss"] for r in rec["per_seed"].values()]
+        assert row["held_out_loss_min"] == min(losses) and row["held_out_loss_max"] == max(losses)
+        assert min(losses) <= row["held_out_loss"] <= max(losses) < init["held_out_loss"]
+    assert dist["held_out_loss_max"] - t["held_out_loss"] < 0.1  # "close to the teacher"
     assert dist["seconds"] > mlm["seconds"] > 0  # the teacher's forward pass costs time
     assert rec["forward_speedup"] > 1.0

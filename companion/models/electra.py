@@ -5,7 +5,7 @@ Rather Than Generators". A small masked-LM **generator** fills the masked
 positions of a sentence with samples; the **discriminator**, the model kept
 after pre-training, reads the corrupted sentence and predicts for *every* token
 whether it was replaced (replaced-token detection, RTD). A sampled token equal
-to the original counts as original. The loss (section 2, equation 1) is
+to the original counts as original. The loss (section 2) is
 
     L = L_MLM(generator) + lambda * L_Disc,   lambda = 50,
 
@@ -23,6 +23,7 @@ The discriminator head is ``Linear(act(Linear(h)))`` -> one logit per token
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -43,9 +44,19 @@ ELECTRA_SMALL = BertConfig(d_model=256, n_layers=12, n_heads=4, d_ff=1024, embed
 
 
 class ElectraDiscriminator(nn.Module):
-    """An encoder and a per-token head: logit > 0 means "this token was replaced". Returns (B, T) logits."""
+    """An encoder and a per-token head: logit > 0 means "this token was replaced". Returns (B, T) logits.
 
-    def __init__(self, cfg: BertConfig) -> None:
+    ``replaced_prior`` (optional) starts the head's output bias at the log-odds
+    ``log(p / (1 - p))`` of the expected share ``p`` of replaced tokens, so that a
+    fresh discriminator already answers with the base rate. From a zero bias
+    (every token at probability 1/2, while only about 15% are replaced) the first
+    updates all say "lower every logit"; with a short warm-up that common push
+    can drive the encoder's hidden states towards one vector shared by every
+    position, after which the discriminator outputs the base rate and learns
+    nothing (Chapter 8's first ELECTRA run). Loading weights overwrites the bias.
+    """
+
+    def __init__(self, cfg: BertConfig, *, replaced_prior: float | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, pooler=False)
@@ -53,6 +64,11 @@ class ElectraDiscriminator(nn.Module):
         self.out = nn.Linear(cfg.d_model, 1)
         _init_weights(self.dense)
         _init_weights(self.out)
+        if replaced_prior is not None:
+            if isinstance(replaced_prior, bool) or not 0.0 < replaced_prior < 1.0:
+                raise ValueError(f"replaced_prior must be a probability in (0, 1), got {replaced_prior!r}")
+            with torch.no_grad():
+                self.out.bias.fill_(math.log(replaced_prior / (1.0 - replaced_prior)))
 
     def forward(self, input_ids, attention_mask=None, segment_ids=None, position_ids=None) -> torch.Tensor:
         h = self.bert(input_ids, attention_mask, segment_ids, position_ids).hidden  # (B, T, D)
@@ -90,6 +106,8 @@ class ElectraLoss(NamedTuple):
     generator: torch.Tensor  # MLM cross-entropy at the masked positions
     discriminator: torch.Tensor  # mean BCE over all real tokens
     replaced_fraction: float  # share of real tokens that the generator actually changed
+    replaced_detected: float  # share of the replaced tokens the discriminator flags (logit > 0)
+    original_kept: float  # share of the original tokens it leaves unflagged (logit <= 0)
 
 
 def electra_loss(generator: BertForMaskedLM, discriminator: ElectraDiscriminator, masked_ids: torch.Tensor,
@@ -103,7 +121,11 @@ def electra_loss(generator: BertForMaskedLM, discriminator: ElectraDiscriminator
     disc_logits = discriminator(corrupted, attention_mask)
     real = attention_mask.bool()
     disc_loss = F.binary_cross_entropy_with_logits(disc_logits[real], target[real])
-    return ElectraLoss(gen_loss + disc_weight * disc_loss, gen_loss, disc_loss, float(target[real].mean()))
+    flagged, replaced = disc_logits.detach()[real] > 0, target[real].bool()
+    detected = float(flagged[replaced].float().mean()) if replaced.any() else float("nan")
+    kept = float((~flagged[~replaced]).float().mean()) if (~replaced).any() else float("nan")
+    return ElectraLoss(gen_loss + disc_weight * disc_loss, gen_loss, disc_loss, float(replaced.float().mean()),
+                       detected, kept)
 
 
 def electra_config_from_hf(hf_config) -> BertConfig:
