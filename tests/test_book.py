@@ -159,3 +159,13 @@ def test_no_page_loads_anything_from_a_cdn(site):
     assert (vendor / "VERSIONS").exists()
     for package in ("mathjax", "requirejs", "html-manager"):
         assert (vendor / package / "LICENSE").exists(), package
+
+
+def test_the_bibliography_parses_and_every_entry_has_a_title_and_a_year():
+    # A merge that drops an entry's closing brace swallows the next entry into it; Sphinx then fails at start-up.
+    from pybtex.database import parse_file
+
+    db = parse_file(ROOT / "book" / "references.bib")
+    for key, entry in db.entries.items():
+        assert "title" in entry.fields and "year" in entry.fields, f"references.bib: {key} lacks a title or a year"
+        assert "@" not in entry.fields["title"], f"references.bib: {key} swallowed the next entry"
