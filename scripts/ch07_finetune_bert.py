@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from companion.experiments import seed_spread  # noqa: E402
 from companion.data import load_pydoc_text
 from companion.finetuning import (bag_of_words_baseline, capitalisation_task, casing_lookup_baseline, finetune,
                                   majority_baseline, next_sentence_task, rarest_word_baseline, replaced_word_task,
@@ -64,8 +65,7 @@ def new_model(kind: str, cfg):
             "span": lambda: BertForQuestionAnswering(cfg)}[kind]()
 
 
-def spread(values: list[float]) -> dict:
-    return {"mean": round(sum(values) / len(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+spread = seed_spread
 
 
 def runs_of(record: dict) -> dict:

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from companion.experiments import seed_spread  # noqa: E402
 from companion.data import load_pydoc_text
 from companion.finetuning import capitalisation_task, finetune, replaced_word_task, split_task
 from companion.models.bert import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForTokenClassification)
@@ -89,9 +90,7 @@ def build(kind: str, cfg: BertConfig, seed: int = SEED) -> nn.Module:
     return nn.ModuleDict({"generator": gen, "discriminator": disc})
 
 
-def spread(values: list[float]) -> dict:
-    """Mean, min and max of a list of per-seed results."""
-    return {"mean": round(sum(values) / len(values), 4), "min": min(values), "max": max(values)}
+spread = seed_spread  # mean, min and max over the seeds
 
 
 def main() -> None:

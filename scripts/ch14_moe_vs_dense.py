@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from companion.experiments import seed_spread  # noqa: E402
 from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_val_split
 from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
 from companion.calculators import count_parameters
@@ -101,9 +102,7 @@ def main() -> None:
                             for name, c in r["curves"].items()}} for r, _ in runs]
 
     def spread(values: list[float]) -> dict[str, float] | None:
-        if not values:
-            return None
-        return {"mean": round(sum(values) / len(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+        return seed_spread(values) if values else None
 
     summary = {"final_val_loss": {k: spread([s["final_val_loss"][k] for s in per_seed]) for k in ("dense", "moe")},
                "moe_minus_dense": spread([s["final_val_loss"]["moe"] - s["final_val_loss"]["dense"] for s in per_seed]),

@@ -168,3 +168,11 @@ def test_seeded_model_and_first_batch_reproduce_the_shipped_warmup_runs():
         batch = random_batch(train_ids, c.max_positions, shipped["run"]["batch_size"], torch.Generator().manual_seed(seed))
         with torch.no_grad():
             assert abs(lm_loss(model, batch).item() - recorded) < 1e-5, (n_layers, norm_first, seed)
+
+
+def test_seed_spread_gives_mean_min_and_max_and_refuses_no_seeds():
+    from companion.experiments import seed_spread
+
+    assert seed_spread([0.5, 0.25, 1.0]) == {"mean": 0.5833, "min": 0.25, "max": 1.0}  # 1.75 / 3
+    with pytest.raises(ValueError, match="at least one seed"):
+        seed_spread([])
