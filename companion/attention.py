@@ -329,7 +329,7 @@ class MultiHeadAttention(_Attention):
                  backend: Backend = "sdpa") -> None:
         super().__init__(d_model, n_heads, d_head, n_kv_heads, scale, dropout, layer_idx, backend)
         d_q, d_kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
-        self.head_counts = (self.n_heads, self.n_kv_heads, self.n_kv_heads)  # heads of W_Q, W_K, W_V in the fused qkv
+        self.qkv_widths = (d_q, d_kv, d_kv)  # outputs of W_Q, W_K, W_V in the fused qkv
         self.qkv = nn.Linear(d_model, d_q + 2 * d_kv, bias=bias)
         self.out = nn.Linear(d_q, d_model, bias=bias)
 
@@ -348,8 +348,8 @@ class MultiHeadAttention(_Attention):
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of ``x`` (B, T, D), one slice per head: ``(B, H, T, Dh)``, 2 x ``(B, Hkv, T, Dh)``."""
-        qkv = self.qkv(x).unflatten(-1, (-1, self.d_head)).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
-        return qkv.split(self.head_counts, dim=1)
+        q, k, v = self.qkv(x).split(self.qkv_widths, dim=-1)  # (B, T, H Dh), 2 x (B, T, Hkv Dh)
+        return tuple(z.unflatten(-1, (-1, self.d_head)).transpose(1, 2) for z in (q, k, v))
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, *, cross: bool = False) -> MultiHeadAttention | CrossAttention:
