@@ -120,7 +120,9 @@ MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)
 
 def tokens(text: str) -> list[str]:
     """The roles, math and inline code of ``text``, sorted (their order may change in translation)."""
-    found = ROLE.findall(text)
+    # A role with its own text ({ref}`the correction in Chapter 2 <corr-ch02-x>`) keeps only its
+    # target: the text is prose, and is translated.
+    found = [re.sub(r"`[^`]*<([^<>`]+)>`$", r"`<\1>`", role) for role in ROLE.findall(text)]
     rest = ROLE.sub(" ", text)
     found += [m.strip() for m in MATH.findall(rest)]
     found += CODE.findall(MATH.sub(" ", rest))
