@@ -76,3 +76,35 @@ def device(request):
         return pick_device(_test_device_name(request.config))
     except (RuntimeError, ValueError) as error:
         raise pytest.UsageError(f"--device / COMPANION_TEST_DEVICE: {error}") from None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The Chinese edition's state, page by page, and the website's build times, in every run's output."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    sys.path.insert(0, str(root / "tools"))
+    try:
+        import i18n
+
+        lines = i18n.report_lines()
+    except Exception as exc:  # the summary must never hide the tests' own result
+        lines = [f"(no report: {exc})"]
+    finally:
+        sys.path.remove(str(root / "tools"))
+    terminalreporter.write_sep("-", "Chinese edition: catalogue entries per page (tools/i18n.py report)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    times = root / "_build" / "site-build-seconds.json"
+    if times.exists():
+        seconds = json.loads(times.read_text(encoding="utf-8"))
+        terminalreporter.write_line("website build (this run): " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+
+
+def pytest_sessionstart(session):
+    from pathlib import Path
+
+    # The build times printed at the end are this run's (tests/sitebuild.py writes them).
+    Path(__file__).resolve().parent.joinpath("_build", "site-build-seconds.json").unlink(missing_ok=True)

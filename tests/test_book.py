@@ -16,10 +16,11 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     from sitebuild import build_site
 
-    log = build_site(out)
-    assert "WARNING" not in log, [l for l in log.splitlines() if "WARNING" in l][:10]
-    html = out / "_build" / "html"
-    assert (html / "index.html").exists()
+    logs = build_site(out)
+    for edition, log in logs.items():
+        assert "WARNING" not in log, (edition, [l for l in log.splitlines() if "WARNING" in l][:10])
+    html = out / "html"
+    assert (html / "index.html").exists() and (html / "zh_CN" / "index.html").exists()
     yield html
     shutil.rmtree(out, ignore_errors=True)
 
@@ -143,6 +144,7 @@ def test_chinese_text_is_marked_lang_zh(site):
         main = text[text.index("<main"):text.index("</main>")]
         main = re.sub(r"<(pre|code|script)\b.*?</\1>", "", main, flags=re.S)
         main = re.sub(r'<span class="zh" lang="zh">[^<]*</span>', "", main)
+        main = re.sub(r'<a [^>]*lang="zh-CN"[^>]*>[^<]*</a>', "", main)  # the link to the Chinese edition
         left = re.findall(r"[\u3400-\u4dbf\u4e00-\u9fff]+", main)
         assert not left, f"{page.name}: Chinese text outside lang=\"zh\": {left[:5]}"
     assert (site / "book" / "glossary.html").read_text(encoding="utf-8").count('lang="zh"') >= 50
@@ -169,3 +171,48 @@ def test_the_bibliography_parses_and_every_entry_has_a_title_and_a_year():
     for key, entry in db.entries.items():
         assert "title" in entry.fields and "year" in entry.fields, f"references.bib: {key} lacks a title or a year"
         assert "@" not in entry.fields["title"], f"references.bib: {key} swallowed the next entry"
+
+
+# --- The Chinese edition (tools/i18n.py build: English at html/, Chinese at html/zh_CN/) ---
+
+
+def toc_pages():
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    return [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+
+
+def test_every_page_is_built_in_chinese(site):
+    cjk = re.compile(r"[\u4e00-\u9fff]")
+    for docname in toc_pages():
+        page = site / "zh_CN" / f"{docname}.html"
+        assert page.exists(), f"no Chinese page for {docname}"
+        text = page.read_text(encoding="utf-8")
+        assert '<html lang="zh-CN"' in text, f"{docname}: the Chinese page does not say lang=zh-CN"
+        title = re.search(r"<h1[^>]*>(.*?)</h1>", text, flags=re.S)
+        assert title and cjk.search(title.group(1)), f"{docname}: the title is not translated"
+        assert "{glue" not in text and "glue:" not in text, f"{docname}: a glue role in a translation was not resolved"
+    for page in chapter_pages(site / "zh_CN"):
+        text = page.read_text(encoding="utf-8")
+        assert 'class="math' in text and re.search(r'<img[^>]+src="[^"]+\.png"', text), page.name
+        body = re.sub(r"<(pre|code|script|style)\b.*?</\1>|<[^>]+>", " ", text, flags=re.S)
+        latin = len(re.findall(r"[A-Za-z]+", body))
+        chinese = len(cjk.findall(body))
+        assert chinese > latin, f"{page.name}: more English words ({latin}) than Chinese characters ({chinese})"
+
+
+def test_each_page_links_to_the_same_page_in_the_other_edition(site):
+    for docname in toc_pages():
+        for edition, other in ((site, site / "zh_CN"), (site / "zh_CN", site)):
+            page = edition / f"{docname}.html"
+            link = re.search(r'<p class="edition-switch"><a href="([^"]+)"', page.read_text(encoding="utf-8"))
+            assert link, f"{page.relative_to(site)}: no link to the other edition"
+            target = (page.parent / link.group(1)).resolve()
+            assert target == (other / f"{docname}.html").resolve(), (page.relative_to(site), link.group(1))
+
+
+def test_chinese_search_index_holds_chinese_words(site):
+    index = (site / "zh_CN" / "searchindex.js").read_text(encoding="utf-8")
+    for word in ("注意力", "编码器", "解码器"):
+        assert f'"{word}"' in index, f"{word} is not in the Chinese edition's search index (is jieba installed?)"

@@ -20,6 +20,12 @@ must see what this test sees. A page fails when
 * the page scrolls horizontally at a 400 px wide viewport;
 * Chinese text is not inside a ``lang="zh"`` element.
 
+Every page is opened twice: in English and in the Chinese edition (under
+``zh_CN/``). A Chinese page must also have its title in Chinese, a link to the
+same page in English that loads, and its Chinese text drawn with a CJK font
+(Chromium's own report of the fonts it used, over the DevTools protocol;
+without a CJK font on the machine that check skips, saying so).
+
 A full-page screenshot of every page (1280 px wide) and of the landing page at
 400 px goes to ``_build/screenshots/``. Without Chromium or Playwright the test
 skips and says why.
@@ -90,10 +96,10 @@ def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("browser-site")
     from sitebuild import build_site
 
-    build_site(out)
+    build_site(out)  # both editions: out/html (English), out/html/zh_CN (Chinese)
     webroot = out / "webroot"
     webroot.mkdir()
-    shutil.copytree(out / "_build" / "html", webroot / SUBPATH.strip("/"))
+    shutil.copytree(out / "html", webroot / SUBPATH.strip("/"))
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
@@ -150,7 +156,8 @@ async () => {
     // static figure beside every widget (CONTRIBUTING, item 7) carries the description.
     if (img.closest('.widget-subarea')) continue;
     const fileLike = /\.(png|jpe?g|svg|gif)$/i.test(alt) || /^[0-9a-f]{12,}$/i.test(alt) || alt === name;
-    if (!alt || fileLike || alt.split(/\s+/).length < 3)
+    const words = alt.split(/\s+/).length + (alt.match(/[\u4e00-\u9fff]/g) || []).length / 2;
+    if (!alt || fileLike || words < 3)
       problems.push(`image without meaningful alt text: ${name.split('/').pop()} alt=${JSON.stringify(alt.slice(0, 40))}`);
   }
   return problems;
@@ -197,8 +204,39 @@ OVERFLOW = r"""
 """
 
 
+EDITION_CHECK = r"""
+() => {
+  const problems = [];
+  const h1 = document.querySelector('article h1');
+  if (!h1 || !/[\u4e00-\u9fff]/.test(h1.textContent)) problems.push(`title not in Chinese: ${h1 && h1.textContent.slice(0, 40)}`);
+  if (!document.documentElement.lang.startsWith('zh')) problems.push(`html lang is ${document.documentElement.lang}`);
+  const link = document.querySelector('.edition-switch a');
+  if (!link) problems.push('no link to the English edition');
+  return {problems, href: link ? link.href : null};
+}
+"""
+
+CJK_FONT = re.compile(r"CJK|Han Sans|Han Serif|WenQuanYi|Hei|Song|Ming|Kai|PingFang|YaHei|Droid Sans Fallback", re.I)
+
+
+def cjk_font_problem(page):
+    """The fonts Chromium drew the title's Chinese characters with, if none is a CJK font."""
+    if not subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip():
+        return None  # no CJK font installed: nothing real to draw with (.ci/run installs fonts-noto-cjk)
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": "article h1"})["nodeId"]
+    fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+    if not any(CJK_FONT.search(f["familyName"]) for f in fonts):
+        return f"Chinese title drawn without a CJK font: {[f['familyName'] for f in fonts]}"
+    return None
+
+
+@pytest.mark.parametrize("edition", ["", "zh_CN/"], ids=["en", "zh"])
 @pytest.mark.parametrize("docname", toc_docnames())
-def test_page_in_a_browser(browser, served, docname):
+def test_page_in_a_browser(browser, served, docname, edition):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
     problems, remote = [], []
 
@@ -218,8 +256,18 @@ def test_page_in_a_browser(browser, served, docname):
     page.on("requestfailed", lambda r: urlparse(r.url).hostname == "127.0.0.1"
             and problems.append(f"request failed: {r.url}"))
     try:
-        page.goto(served + docname + ".html", wait_until="load")
+        page.goto(served + edition + docname + ".html", wait_until="load")
         problems += page.evaluate(INSPECT)
+        if edition:
+            found = page.evaluate(EDITION_CHECK)
+            problems += found["problems"]
+            if found["href"] != served + docname + ".html":
+                problems.append(f"the English link goes to {found['href']}")
+            elif context.request.get(found["href"]).status != 200:
+                problems.append(f"the English link does not load: {found['href']}")
+            font = cjk_font_problem(page)
+            if font:
+                problems.append(font)
         if re.match(r"book/ch\d\d_", docname):
             notebook = docname.split("/")[-1] + ".ipynb"
             colab = page.locator(f'a[href^="https://colab.research.google.com/github/"][href$="/{notebook}"]')
@@ -227,7 +275,7 @@ def test_page_in_a_browser(browser, served, docname):
                 problems.append(f"no Colab launch link to {notebook}")
             problems += page.evaluate(DIAGRAMS, f"fig-ch{notebook[2:4]}-diagram-")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shot = docname.replace("/", "_")
+        shot = (edition + docname).replace("/", "_")
         page.screenshot(path=str(SCREENSHOTS / f"{shot}.png"), full_page=True)
         page.set_viewport_size({"width": 400, "height": 800})
         page.wait_for_timeout(200)

@@ -213,14 +213,24 @@ def zh_config(folder: Path) -> Path:
     return path
 
 
-def build(out: Path, strict: bool = True) -> dict[str, str]:
-    """Both editions into ``out/html`` and ``out/html/zh_CN``; returns each build's log."""
+def build(out: Path, strict: bool = True, timings: dict | None = None) -> dict[str, str]:
+    """Both editions into ``out/html`` and ``out/html/zh_CN``; returns each build's log.
+
+    ``timings``, if given, receives each edition's build time in seconds.
+    """
+    import time
+
     flags = ["-W", "-n", "--keep-going"] if strict else []
     out = out.resolve()
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
     logs = {"en": jupyter_book(["--path-output", str(out / "en"), *flags])}
+    timings["en"] = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
         logs[LANGUAGE] = jupyter_book(["--path-output", str(out / LANGUAGE), "--config", str(zh_config(Path(tmp))),
                                        *flags])
+        timings[LANGUAGE] = time.perf_counter() - start
     site = out / "html"
     if site.exists():
         shutil.rmtree(site)
@@ -244,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     else:
         out = Path(argv[1]) if len(argv) > 1 else ROOT / "_build"
-        build(out)
+        timings = {}
+        build(out, timings=timings)
+        print(", ".join(f"{k}: {v:.0f} s" for k, v in timings.items()))
         print(f"English: {out / 'html' / 'index.html'}\nChinese: {out / 'html' / LANGUAGE / 'index.html'}")
     return 0
 

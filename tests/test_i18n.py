@@ -1,0 +1,130 @@
+"""The Chinese edition stays in step with the English source (tools/i18n.py).
+
+* The catalogues hold exactly the messages the English pages have now: an English
+  edit without ``python tools/i18n.py update`` fails here, naming the page.
+* Every entry of every page is translated and none is fuzzy; the failure names
+  each page with its counts. (The counts per page print in the suite's summary.)
+* A translation keeps its roles (glued numbers, citations, cross-references),
+  math and inline code, escapes a leading chapter number, and uses the glossary's
+  Chinese name of each multi-word term its English uses.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import i18n  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory):
+    """The messages of the English pages as they are now: {page: set of msgids}."""
+    pot_dir = i18n.extract(tmp_path_factory.mktemp("gettext"))
+    pages = {}
+    for pot in sorted(pot_dir.rglob("*.pot")):
+        pages[str(pot.relative_to(pot_dir).with_suffix(""))] = {m.id for m in i18n.load(pot) if m.id}
+    return pages
+
+
+def test_every_page_has_a_catalogue_with_the_messages_of_its_english_source(extracted):
+    have = {str(po.relative_to(i18n.CATALOGUES).with_suffix("")): po for po in i18n.CATALOGUES.rglob("*.po")}
+    assert sorted(have) == sorted(extracted), "pages and catalogues differ: run `python tools/i18n.py update`"
+    stale = []
+    for page, ids in extracted.items():
+        catalogued = {m.id for m in i18n.load(have[page]) if m.id}
+        new, gone = len(ids - catalogued), len(catalogued - ids)
+        if new or gone:
+            stale.append(f"{page}: {new} English messages not in the catalogue, {gone} no longer in the English")
+    assert not stale, "run `python tools/i18n.py update`, then translate:\n" + "\n".join(stale)
+
+
+def test_every_entry_is_translated_and_none_is_fuzzy():
+    incomplete = [f"{page}: {missing} untranslated, {fuzzy} fuzzy of {done + fuzzy + missing}"
+                  for page, (done, fuzzy, missing) in i18n.states().items() if fuzzy or missing]
+    assert not incomplete, "translate these entries (CONTRIBUTING: the Chinese edition):\n" + "\n".join(incomplete)
+
+
+def test_translations_keep_roles_math_code_and_glossary_terms():
+    problems = [p for p in i18n.check() if "untranslated and" not in p]
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+
+
+# --- the checker itself (so that the tests above can fail) ---
+
+def test_tokens_are_the_roles_math_and_code_of_a_string():
+    text = "At {glue:text}`n:.2f` tokens, $x_1$ and `nn.Linear` ({cite:t}`vaswani2017attention`); $$a$$"
+    assert i18n.tokens(text) == sorted(["{glue:text}`n:.2f`", "{cite:t}`vaswani2017attention`", "$x_1$",
+                                        "`nn.Linear`", "$$a$$"])
+    # A role with its own text keeps only its target: the text is translated.
+    assert i18n.tokens("see {ref}`the correction <corr-ch02-x>`") == ["{ref}`<corr-ch02-x>`"]
+
+
+def test_glossary_pairs_split_lists_and_skip_one_word_terms():
+    pairs = dict(i18n.glossary_terms())
+    assert pairs["multi-head attention"] == "多头注意力"
+    assert pairs["data parallelism"] == "数据并行"
+    assert "head" not in pairs and "softmax" not in pairs  # one English word: other senses in running text
+
+
+def _po(tmp_path, entries):
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    catalog = Catalog(locale="zh_CN")
+    for en, zh, fuzzy in entries:
+        catalog.add(en, zh, flags=("fuzzy",) if fuzzy else ())
+    folder = tmp_path / "book"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "chXX.po"
+    with path.open("wb") as f:
+        write_po(f, catalog, width=0)
+    return path
+
+
+def test_the_checker_finds_a_lost_role_a_list_title_a_wrong_term_and_missing_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(i18n, "CATALOGUES", tmp_path)
+    good = _po(tmp_path, [("1. Why Transformers", "1\\. 为什么是 Transformer", False),
+                          ("It has {glue:text}`n` heads and $H$ rows.", "它有 {glue:text}`n` 个头和 $H$ 行。", False)])
+    assert i18n.check_page(good, [("multi-head attention", "多头注意力")]) == []
+    bad = _po(tmp_path, [("1. Why Transformers", "1. 为什么是 Transformer", False),
+                         ("It has {glue:text}`n` heads.", "它有很多头。", False),
+                         ("Multi-head attention splits D.", "多个头的注意力把 D 分开。", False),
+                         ("A new sentence.", "", False),
+                         ("A changed sentence.", "旧的译文。", True)])
+    problems = i18n.check_page(bad, [("multi-head attention", "多头注意力")])
+    text = "\n".join(problems)
+    assert "1 untranslated and 1 fuzzy of 5" in text
+    assert "{glue:text}`n`" in text  # the lost role is named
+    assert "1\\." in text  # the title that would parse as a list
+    assert "多头注意力" in text  # the glossary's name
+    assert len(problems) == 4
+
+
+def test_the_chinese_configuration_differs_from_the_english_only_in_language(tmp_path):
+    import yaml
+
+    english = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    chinese = yaml.safe_load(i18n.zh_config(tmp_path).read_text(encoding="utf-8"))
+    assert chinese["sphinx"]["config"].pop("language") == "zh_CN"
+    for name, path in chinese["sphinx"].pop("local_extensions").items():
+        assert Path(path) == ROOT / english["sphinx"]["local_extensions"][name]
+    english["sphinx"].pop("local_extensions")
+    assert chinese == english
+
+
+def test_the_edition_switch_points_at_the_same_page():
+    import importlib.util
+
+    # Loaded by path: tools/i18n.py has the same module name.
+    spec = importlib.util.spec_from_file_location("book_i18n", ROOT / "book" / "_ext" / "i18n.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    assert 'href="../zh_CN/book/ch02_attention.html"' in ext.switch_html("book/ch02_attention", "en")
+    assert 'href="../../book/ch02_attention.html"' in ext.switch_html("book/ch02_attention", "zh_CN")
+    assert 'href="zh_CN/index.html"' in ext.switch_html("index", "en")
