@@ -11,6 +11,9 @@ each page from its catalogue; this extension adds what Sphinx leaves out:
 * glued numbers in translated text: Sphinx parses each translation as a small
   document of its own, where myst-nb's ``{glue}`` roles find no notebook; they
   are pointed at the notebook of the page being translated;
+* glued phrases: a notebook may glue words ("ahead in every seed"), not only
+  numbers; the gettext build adds each glued string that holds words to the
+  page's catalogue, and the Chinese build shows its translation;
 * the alt text of notebook figures (myst-nb turns an output into an image after
   Sphinx has translated the page, so Sphinx never sees it): the gettext build
   adds each figure's alt text (cell metadata ``mystnb.image.alt``) to the page's
@@ -19,7 +22,9 @@ each page from its catalogue; this extension adds what Sphinx leaves out:
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from pathlib import Path
 
 from docutils import nodes
@@ -49,8 +54,23 @@ def add_switch(app, pagename, templatename, context, doctree):
     context["body"] = switch_html(pagename, _language(app.config)) + context["body"]
 
 
-def notebook_alt_texts(path: Path) -> list[str]:
-    """The alt texts a notebook gives its figures (``mystnb.image.alt`` in cell metadata)."""
+_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def glued_phrase(plain: str) -> str | None:
+    """The string a glue output holds (its ``text/plain`` is the repr), if it holds words; else None."""
+    if not plain[:1] in "'\"":
+        return None
+    try:
+        value = ast.literal_eval(plain)
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, str) and _WORD.search(value) else None
+
+
+def notebook_messages(path: Path) -> list[str]:
+    """What a notebook's page shows that Sphinx does not extract: the alt texts of its
+    figures (``mystnb.image.alt`` in cell metadata) and the phrases it glues."""
     if path.suffix != ".ipynb":
         return []
     texts = []
@@ -58,23 +78,29 @@ def notebook_alt_texts(path: Path) -> list[str]:
         alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")
         if alt:
             texts.append(alt)
+        for output in cell.get("outputs", []):
+            if "scrapbook" in output.get("metadata", {}):
+                plain = output.get("data", {}).get("application/papermill.record/text/plain", "")
+                phrase = glued_phrase("".join(plain) if isinstance(plain, list) else plain)
+                if phrase:
+                    texts.append(phrase)
     return texts
 
 
 def collect_alt(app, doctree, docname):
-    """gettext build: the figures' alt texts join the page's catalogue."""
+    """gettext build: the figures' alt texts and the glued phrases join the page's catalogue."""
     if app.builder.name != "gettext":
         return
     from sphinx.builders.gettext import MsgOrigin
 
     path = Path(app.env.doc2path(docname))
     catalog = app.builder.catalogs[docname_to_domain(docname, app.config.gettext_compact)]
-    for alt in notebook_alt_texts(path):
-        catalog.add(alt, MsgOrigin(str(path), 0))
+    for text in notebook_messages(path):
+        catalog.add(text, MsgOrigin(str(path), 0))
 
 
 def translate_alt(app, doctree, docname):
-    """Chinese build: each figure's alt text from the page's catalogue."""
+    """Chinese build: each figure's alt text and each glued phrase from the page's catalogue."""
     if _language(app.config) == "en" or app.builder.format != "html":
         return
     from sphinx.locale import init as init_locale
@@ -89,6 +115,11 @@ def translate_alt(app, doctree, docname):
             translated = catalog.gettext(alt)
             if translated:
                 image["alt"] = translated
+    for pasted in doctree.findall(nodes.inline):
+        if "pasted-text" in pasted.get("classes", []) and _WORD.search(pasted.astext()):
+            translated = catalog.gettext(pasted.astext())
+            if translated != pasted.astext():
+                pasted.children = [nodes.Text(translated)]
 
 
 def _glue_in_translations(role_class, text_role: bool):
