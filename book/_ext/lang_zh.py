@@ -1,7 +1,7 @@
 """Mark Chinese text ``lang="zh"`` in the HTML, wherever it appears (glossary, seed quotes).
 
 Screen readers and browsers pick voice, font and line breaking from ``lang``;
-the site is English, so a run of CJK characters is wrapped in
+the English site is English, so a run of CJK characters is wrapped in
 ``<span lang="zh">``. Code, math and raw HTML are left alone. Authors write
 plain Chinese; nothing needs marking by hand.
 """
@@ -39,6 +39,8 @@ def _skip(node):
 
 
 def mark(app, doctree):
+    if (app.config.language or "en").startswith("zh"):  # the Chinese edition: the page itself is lang="zh-CN"
+        return
     for text in list(doctree.findall(nodes.Text)):
         parent = text.parent
         if parent is None or _skip(parent):

@@ -1,0 +1,253 @@
+"""The Chinese edition: catalogues from the English source, their state, and both websites.
+
+    python tools/i18n.py update          # after an English edit: new strings empty, changed ones fuzzy
+    python tools/i18n.py report          # translated / fuzzy / untranslated entries per page
+    python tools/i18n.py check [PAGE...] # what tests/test_i18n.py checks, page by page
+    python tools/i18n.py build [OUT]     # both editions: OUT/html (English), OUT/html/zh_CN (Chinese)
+
+The English pages are the one source (PEP 545's model): ``update`` runs Sphinx's
+``gettext`` builder over the book (through Jupyter Book, so notebooks are read
+as the website reads them) and ``sphinx-intl update`` merges the result into
+``locales/zh_CN/LC_MESSAGES/book/<page>.po``: an entry whose English changed
+keeps its old translation marked fuzzy until someone translates it again, and
+the test suite (``tests/test_i18n.py``) fails until every entry is translated.
+``build`` runs the README's build command twice, the second time with
+``language: zh_CN`` added to a copy of ``_config.yml`` (nothing else differs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LANGUAGE = "zh_CN"
+LOCALES = ROOT / "locales"
+CATALOGUES = LOCALES / LANGUAGE / "LC_MESSAGES"
+# A fixed date in the catalogues' headers, so that an update changes a file only when a string changed.
+EPOCH = "1767225600"  # 2026-01-01
+
+
+def _tool(name: str) -> str:
+    """An executable of the running environment (the venv's jupyter-book, sphinx-intl)."""
+    path = Path(sys.executable).with_name(name)
+    return str(path) if path.exists() else name
+
+
+def jupyter_book(args: list[str], env: dict | None = None) -> str:
+    proc = subprocess.run([_tool("jupyter-book"), "build", str(ROOT), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise SystemExit(f"jupyter-book build {' '.join(args)} failed:\n{log[-4000:]}")
+    return log
+
+
+def extract(out: Path) -> Path:
+    """The English messages, one ``.pot`` per page, under ``out/_build/gettext/book``."""
+    jupyter_book(["--path-output", str(out), "--builder", "custom", "--custom-builder", "gettext", "--all"],
+                 env={"SOURCE_DATE_EPOCH": EPOCH})
+    return out / "_build" / "gettext"
+
+
+def update() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        pot = extract(Path(tmp))
+        subprocess.run([_tool("sphinx-intl"), "update", "-p", str(pot), "-d", str(LOCALES), "-l", LANGUAGE,
+                        "-w", "0", "--no-obsolete", "-j", "1"], check=True, capture_output=True, text=True)
+    report()
+
+
+def catalogue_state(po: Path) -> tuple[int, int, int]:
+    """``(translated, fuzzy, untranslated)`` entries of one catalogue (the header not counted)."""
+    from babel.messages.pofile import read_po
+
+    with po.open("rb") as f:
+        catalog = read_po(f)
+    done = fuzzy = missing = 0
+    for message in catalog:
+        if not message.id:
+            continue
+        if message.fuzzy:
+            fuzzy += 1
+        elif message.string:
+            done += 1
+        else:
+            missing += 1
+    return done, fuzzy, missing
+
+
+def states() -> dict[str, tuple[int, int, int]]:
+    return {str(po.relative_to(CATALOGUES).with_suffix("")): catalogue_state(po)
+            for po in sorted(CATALOGUES.rglob("*.po"))}
+
+
+def report_lines() -> list[str]:
+    rows = states()
+    lines = [f"{'page':32s} {'translated':>10s} {'fuzzy':>6s} {'untranslated':>12s}"]
+    total = [0, 0, 0]
+    for page, counts in rows.items():
+        lines.append(f"{page:32s} {counts[0]:10d} {counts[1]:6d} {counts[2]:12d}")
+        total = [a + b for a, b in zip(total, counts)]
+    lines.append(f"{'all pages':32s} {total[0]:10d} {total[1]:6d} {total[2]:12d}")
+    return lines
+
+
+def report() -> None:
+    print("\n".join(report_lines()))
+
+
+def load(po: Path):
+    from babel.messages.pofile import read_po
+
+    with po.open("rb") as f:
+        return read_po(f)
+
+
+# What a translation must carry over unchanged: roles with their targets ({glue:text}`key`,
+# {cite:t}`key`, {numref}`name`, ...), inline code and math.
+ROLE = re.compile(r"\{[a-z:]+\}`[^`]*`")
+CODE = re.compile(r"(?<![}`])``?[^`]+``?")
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)
+
+
+def tokens(text: str) -> list[str]:
+    """The roles, math and inline code of ``text``, sorted (their order may change in translation)."""
+    # A role with its own text ({ref}`the correction in Chapter 2 <corr-ch02-x>`) keeps only its
+    # target: the text is prose, and is translated.
+    found = [re.sub(r"`[^`]*<([^<>`]+)>`$", r"`<\1>`", role) for role in ROLE.findall(text)]
+    rest = ROLE.sub(" ", text)
+    found += [m.strip() for m in MATH.findall(rest)]
+    found += CODE.findall(MATH.sub(" ", rest))
+    return sorted(found)
+
+
+def prose(text: str) -> str:
+    """``text`` without roles, math and inline code (where a glossary term may be read)."""
+    return CODE.sub(" ", MATH.sub(" ", ROLE.sub(" ", text)))
+
+
+_PAREN = re.compile(r"\s*[(（][^)）]*[)）]")
+
+
+def glossary_terms() -> list[tuple[str, str]]:
+    """``(English, Chinese)`` pairs of the glossary, lists split, parentheses dropped.
+
+    Only terms of two or more English words whose Chinese name has no Latin
+    letters are checked: a one-word English term (head, mask, token) has other
+    senses in running text, and a Chinese name that keeps the English word
+    (softmax 归一化) is written in more than one way.
+    """
+    pairs = []
+    for line in (ROOT / "book" / "glossary.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not line.startswith("| ") or cells[0] in ("English", "---"):
+            continue
+        en, zh = _PAREN.sub("", cells[0]), _PAREN.sub("", cells[1])
+        en_parts = [t.strip() for t in re.split(r",| / ", en) if t.strip()]
+        zh_parts = [t.strip() for t in re.split(r"、| / ", zh) if t.strip()]
+        if len(en_parts) != len(zh_parts):
+            continue
+        for e, z in zip(en_parts, zh_parts):
+            if len(e.split()) >= 2 and not re.search(r"[A-Za-z]", z):
+                pairs.append((e, z))
+    return pairs
+
+
+def check_page(po: Path, terms: list[tuple[str, str]] | None = None) -> list[str]:
+    """What is wrong with one page's catalogue, one line per problem (empty: nothing)."""
+    terms = glossary_terms() if terms is None else terms
+    page = str(po.relative_to(CATALOGUES).with_suffix(""))
+    problems = []
+    done, fuzzy, missing = catalogue_state(po)
+    if fuzzy or missing:
+        problems.append(f"{page}: {missing} untranslated and {fuzzy} fuzzy of {done + fuzzy + missing} entries "
+                        f"(translate them; `python tools/i18n.py update` after an English edit)")
+    for message in load(po):
+        if not message.id or not message.string or message.fuzzy:
+            continue
+        en, zh = message.id, message.string
+        head = en[:50].replace("\n", " ")
+        if tokens(en) != tokens(zh):
+            lost = sorted(set(tokens(en)) - set(tokens(zh)))
+            added = sorted(set(tokens(zh)) - set(tokens(en)))
+            problems.append(f"{page}: roles, math or code differ in \"{head}...\": missing {lost}, added {added}")
+        if re.match(r"\d+\. ", en) and not re.match(r"\d+\\\. ", zh):
+            problems.append(f"{page}: \"{head}\": write the number as `{en.split('.')[0]}\\.` (otherwise "
+                            f"the translated title parses as a numbered list)")
+        if page != "book/glossary":
+            text = prose(en).lower()
+            for term_en, term_zh in terms:
+                if re.search(rf"(?<![\w-]){re.escape(term_en.lower())}(?:s|es)?(?![\w-])", text) and term_zh not in zh:
+                    problems.append(f"{page}: \"{head}...\" uses the glossary term '{term_en}' "
+                                    f"but its translation lacks '{term_zh}'")
+    return problems
+
+
+def check(pages: list[str] | None = None) -> list[str]:
+    terms = glossary_terms()
+    problems = []
+    for po in sorted(CATALOGUES.rglob("*.po")):
+        page = str(po.relative_to(CATALOGUES).with_suffix(""))
+        if not pages or page in pages or Path(page).name in pages:
+            problems += check_page(po, terms)
+    return problems
+
+
+def zh_config(folder: Path) -> Path:
+    """``_config.yml`` with ``language: zh_CN``, written into ``folder``."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    sphinx = config.setdefault("sphinx", {})
+    sphinx.setdefault("config", {})["language"] = LANGUAGE
+    # Jupyter Book resolves local extensions against the configuration file's folder.
+    sphinx["local_extensions"] = {name: str(ROOT / path) for name, path in sphinx.get("local_extensions", {}).items()}
+    path = folder / "_config.zh_CN.yml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def build(out: Path, strict: bool = True) -> dict[str, str]:
+    """Both editions into ``out/html`` and ``out/html/zh_CN``; returns each build's log."""
+    flags = ["-W", "-n", "--keep-going"] if strict else []
+    out = out.resolve()
+    logs = {"en": jupyter_book(["--path-output", str(out / "en"), *flags])}
+    with tempfile.TemporaryDirectory() as tmp:
+        logs[LANGUAGE] = jupyter_book(["--path-output", str(out / LANGUAGE), "--config", str(zh_config(Path(tmp))),
+                                       *flags])
+    site = out / "html"
+    if site.exists():
+        shutil.rmtree(site)
+    shutil.copytree(out / "en" / "_build" / "html", site)
+    shutil.copytree(out / LANGUAGE / "_build" / "html", site / LANGUAGE)
+    return logs
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("update", "report", "check", "build"):
+        print(__doc__)
+        return 2
+    if argv[0] == "update":
+        update()
+    elif argv[0] == "report":
+        report()
+    elif argv[0] == "check":
+        problems = check(argv[1:])
+        print("\n".join(problems) or "no problems")
+        return 1 if problems else 0
+    else:
+        out = Path(argv[1]) if len(argv) > 1 else ROOT / "_build"
+        build(out)
+        print(f"English: {out / 'html' / 'index.html'}\nChinese: {out / 'html' / LANGUAGE / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
