@@ -208,8 +208,12 @@ EDITION_CHECK = r"""
 () => {
   const problems = [];
   const h1 = document.querySelector('article h1');
-  if (!h1 || !/[\u4e00-\u9fff]/.test(h1.textContent)) problems.push(`title not in Chinese: ${h1 && h1.textContent.slice(0, 40)}`);
+  const nameOnly = h1 && /^\d+\. [A-Z][A-Za-z0-9]*#?$/.test(h1.textContent.trim());  // "7. BERT"
+  if (!h1 || !(/[\u4e00-\u9fff]/.test(h1.textContent) || nameOnly)) problems.push(`title not in Chinese: ${h1 && h1.textContent.slice(0, 40)}`);
   if (!document.documentElement.lang.startsWith('zh')) problems.push(`html lang is ${document.documentElement.lang}`);
+  // The first paragraph of Chinese text: the node whose fonts cjk_font_problem asks Chromium about.
+  const probe = [...document.querySelectorAll('article p, article h1')].find(p => /[\u4e00-\u9fff]/.test(p.textContent));
+  if (probe) probe.setAttribute('data-cjk-probe', ''); else problems.push('no Chinese paragraph');
   const link = document.querySelector('.edition-switch a');
   if (!link) problems.push('no link to the English edition');
   return {problems, href: link ? link.href : null};
@@ -220,17 +224,19 @@ CJK_FONT = re.compile(r"CJK|Han Sans|Han Serif|WenQuanYi|Hei|Song|Ming|Kai|PingF
 
 
 def cjk_font_problem(page):
-    """The fonts Chromium drew the title's Chinese characters with, if none is a CJK font."""
+    """The fonts Chromium drew the page's first Chinese paragraph with, if none is a CJK font."""
     if not subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip():
         return None  # no CJK font installed: nothing real to draw with (.ci/run installs fonts-noto-cjk)
     cdp = page.context.new_cdp_session(page)
     cdp.send("DOM.enable")
     cdp.send("CSS.enable")
     root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
-    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": "article h1"})["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": "[data-cjk-probe]"})["nodeId"]
+    if not node:
+        return None  # EDITION_CHECK already reported the page without Chinese text
     fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
     if not any(CJK_FONT.search(f["familyName"]) for f in fonts):
-        return f"Chinese title drawn without a CJK font: {[f['familyName'] for f in fonts]}"
+        return f"Chinese text drawn without a CJK font: {[f['familyName'] for f in fonts]}"
     return None
 
 
