@@ -13,6 +13,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+def toc_docnames() -> list[str]:
+    """Every page of the book, in table-of-contents order (root first)."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    return [toc["root"]] + [c["file"] for part in toc.get("parts", []) for c in part.get("chapters", [])]
+
+
 BUILD_SECONDS: dict[str, float] = {}  # edition -> seconds of its last build (printed in the suite's summary)
 
 

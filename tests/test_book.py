@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sitebuild import toc_docnames
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,16 +177,9 @@ def test_the_bibliography_parses_and_every_entry_has_a_title_and_a_year():
 # --- The Chinese edition (tools/i18n.py build: English at html/, Chinese at html/zh_CN/) ---
 
 
-def toc_pages():
-    import yaml
-
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    return [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
-
-
 def test_every_page_is_built_in_chinese(site):
     cjk = re.compile(r"[\u4e00-\u9fff]")
-    for docname in toc_pages():
+    for docname in toc_docnames():
         page = site / "zh_CN" / f"{docname}.html"
         assert page.exists(), f"no Chinese page for {docname}"
         text = page.read_text(encoding="utf-8")
@@ -208,7 +202,7 @@ def test_every_page_is_built_in_chinese(site):
 
 
 def test_each_page_links_to_the_same_page_in_the_other_edition(site):
-    for docname in toc_pages():
+    for docname in toc_docnames():
         for edition, other in ((site, site / "zh_CN"), (site / "zh_CN", site)):
             page = edition / f"{docname}.html"
             link = re.search(r'<p class="edition-switch"><a href="([^"]+)"', page.read_text(encoding="utf-8"))

@@ -45,7 +45,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import yaml
+from sitebuild import toc_docnames
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "_build" / "screenshots"
@@ -55,15 +55,6 @@ CHROMIUM_FLAGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
     "--font-render-hinting=none",
 ]
-
-
-def toc_docnames():
-    """Every page of the book, in table-of-contents order (root first)."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    names = [toc["root"]]
-    for part in toc.get("parts", []):
-        names += [c["file"] for c in part.get("chapters", [])]
-    return names
 
 
 def chromium_path():

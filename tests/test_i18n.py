@@ -51,7 +51,7 @@ def test_every_entry_is_translated_and_none_is_fuzzy():
 
 
 def test_translations_keep_roles_math_code_and_glossary_terms():
-    problems = [p for p in i18n.check() if "untranslated and" not in p]
+    problems = i18n.check(counts=False)  # the counts: the test above
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from sitebuild import toc_docnames
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = sorted((ROOT / "book").glob("*.ipynb"))
@@ -28,16 +28,8 @@ def test_setup_cells_and_exercises_are_in_sync():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def toc_files():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc.get("parts", []):
-        files += [c["file"] for c in part["chapters"]]
-    return files
-
-
 def test_every_chapter_is_in_the_toc_and_every_toc_entry_exists():
-    listed = toc_files()
+    listed = toc_docnames()
     for path in BOOK:
         assert f"book/{path.stem}" in listed, f"{path.name} is not in _toc.yml"
     for entry in listed:

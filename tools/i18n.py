@@ -67,12 +67,8 @@ def update() -> None:
 
 def catalogue_state(po: Path) -> tuple[int, int, int]:
     """``(translated, fuzzy, untranslated)`` entries of one catalogue (the header not counted)."""
-    from babel.messages.pofile import read_po
-
-    with po.open("rb") as f:
-        catalog = read_po(f)
     done = fuzzy = missing = 0
-    for message in catalog:
+    for message in load(po):
         if not message.id:
             continue
         if message.fuzzy:
@@ -161,13 +157,16 @@ def glossary_terms() -> list[tuple[str, str]]:
     return pairs
 
 
-def check_page(po: Path, terms: list[tuple[str, str]] | None = None) -> list[str]:
-    """What is wrong with one page's catalogue, one line per problem (empty: nothing)."""
+def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: bool = True) -> list[str]:
+    """What is wrong with one page's catalogue, one line per problem (empty: nothing).
+
+    ``counts=False`` leaves out the line on untranslated and fuzzy entries (checked on its own).
+    """
     terms = glossary_terms() if terms is None else terms
     page = str(po.relative_to(CATALOGUES).with_suffix(""))
     problems = []
     done, fuzzy, missing = catalogue_state(po)
-    if fuzzy or missing:
+    if counts and (fuzzy or missing):
         problems.append(f"{page}: {missing} untranslated and {fuzzy} fuzzy of {done + fuzzy + missing} entries "
                         f"(translate them; `python tools/i18n.py update` after an English edit)")
     for message in load(po):
@@ -191,13 +190,13 @@ def check_page(po: Path, terms: list[tuple[str, str]] | None = None) -> list[str
     return problems
 
 
-def check(pages: list[str] | None = None) -> list[str]:
+def check(pages: list[str] | None = None, counts: bool = True) -> list[str]:
     terms = glossary_terms()
     problems = []
     for po in sorted(CATALOGUES.rglob("*.po")):
         page = str(po.relative_to(CATALOGUES).with_suffix(""))
         if not pages or page in pages or Path(page).name in pages:
-            problems += check_page(po, terms)
+            problems += check_page(po, terms, counts=counts)
     return problems
 
 
