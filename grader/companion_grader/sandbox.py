@@ -49,7 +49,7 @@ def _bwrap_probe() -> dict[str, bool]:
         _BWRAP = {"works": False, "size": False}
         exe = shutil.which("bwrap")
         if exe and sys.platform.startswith("linux") and os.environ.get(NO_SANDBOX_ENV) != "none":
-            for sized in (True, False):  # --size came with bubblewrap 0.5
+            for sized in (True, False):  # --size: bubblewrap 0.7 (its PR #509, Oct. 2022)
                 try:
                     probe = subprocess.run([exe, *_bwrap_args(Path("/tmp/probe"), 1 << 20 if sized else None), "--", "true"],
                                            capture_output=True, timeout=20)
