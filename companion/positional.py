@@ -315,10 +315,11 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     """ALiBi's head slopes ``m_h`` (Press et al., 2022, section 3), shape ``(H,)``.
 
     For ``H`` a power of two: the geometric sequence starting at ``2^(-8/H)``
-    with that same ratio, ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``. Otherwise
-    (the paper's rule, as in its code): the slopes of the closest smaller power
-    of two ``n``, followed by the first ``H - n`` slopes at odd indices of the
-    sequence for ``2n`` heads.
+    with that same ratio, ``2^(-8/H), 2^(-16/H), ..., 2^(-8)`` (the paper
+    states this rule for any ``H``, but trains only 8 and 16 heads). Otherwise
+    as in the authors' released code, which BLOOM follows: the slopes of the
+    closest smaller power of two ``n``, followed by the first ``H - n`` of
+    every other slope of the sequence for ``2n`` heads (its 1st, 3rd, 5th, ...).
     """
     check_positive_int("n_heads", n_heads)
 
