@@ -17,8 +17,9 @@ Two details differ between implementations; both are options here:
   (Hugging Face's ``DataCollatorForLanguageModeling``, a Bernoulli draw per
   token) -- what :func:`mask_tokens` does. Google's ``create_pretraining_data.py``
   instead shuffles the candidate positions and takes exactly
-  ``min(max_predictions_per_seq, max(1, round(0.15 * len(tokens))))`` of them;
-  the expected fraction is the same;
+  ``min(max_predictions_per_seq, max(1, round(0.15 * len(tokens))))`` of them,
+  where ``len(tokens)`` counts [CLS] and [SEP] too, so the fraction of eligible
+  tokens is close to 0.15, not exactly 0.15, and is capped by ``max_predictions_per_seq``;
 * random replacement: Hugging Face draws from the *whole* vocabulary
   (``torch.randint(len(tokenizer), ...)``, special tokens included), and so does
   Google's ``create_pretraining_data.py``; here the default draws from the
