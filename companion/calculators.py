@@ -43,7 +43,7 @@ from .models.gpt import GPTConfig, gpt_param_formula
 from .models.transformer import TransformerConfig
 
 __all__ = [
-    "T5Sizes", "t5_sizes_from_hf", "count_parameters", "parameter_count", "forward_flops", "generation_kv_cache_bytes",
+    "T5Sizes", "t5_sizes_from_hf", "count_parameters", "parameter_count", "forward_flops", "mlm_head_flops", "generation_kv_cache_bytes",
     "attention_score_bytes",
 ]
 
@@ -230,6 +230,20 @@ def forward_flops(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes, seq
     total += _stack_flops(seq_len, seq_len, cfg.n_decoder_layers, d, d_attn, ffn)
     total += _cross_flops(seq_len, src_len, cfg.n_decoder_layers, d, d_attn)
     return total + 2 * seq_len * d * cfg.vocab_size
+
+
+def mlm_head_flops(cfg: BertConfig, seq_len: int) -> int:
+    """Matrix-multiply FLOPs of BERT's masked-LM head over ``seq_len`` positions (batch size 1).
+
+    :class:`~companion.models.bert.MLMHead`: a dense layer ``D -> E`` (``E = D``
+    except with a factorised embedding), then the tied decoder ``E -> V``. Add it to
+    ``forward_flops(cfg, seq_len, pooler=False)`` for a whole ``BertForMaskedLM``.
+    """
+    _check_config(cfg)
+    if not isinstance(cfg, BertConfig):
+        raise TypeError(f"the masked-LM head belongs to a BertConfig, got {type(cfg).__name__}")
+    check_positive_int("seq_len", seq_len)
+    return 2 * seq_len * (cfg.d_model * cfg.embed_dim + cfg.embed_dim * cfg.vocab_size)
 
 
 # --------------------------------------------------------------------------- memory

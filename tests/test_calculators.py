@@ -13,13 +13,14 @@ from companion.calculators import (
     T5Sizes,
     attention_score_bytes,
     forward_flops,
+    mlm_head_flops,
     generation_kv_cache_bytes,
     parameter_count,
     t5_sizes_from_hf,
 )
 from companion.memory import peak_tensor_bytes
 from companion.models.albert import ALBERT_CONFIGS
-from companion.models.bert import BERT_BASE, BertConfig, BertModel
+from companion.models.bert import BERT_BASE, BertConfig, BertForMaskedLM, BertModel
 from companion.models.electra import ELECTRA_SMALL
 from companion.models.gpt import GPT, GPT1, GPT2_MEDIUM, GPTConfig
 from companion.models.roberta import ROBERTA_BASE
@@ -132,6 +133,16 @@ def test_encoder_flops_match_counter(kw, t):
     model = BertModel(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, t))
     assert counted_flops(lambda: model(ids)) == forward_flops(cfg, t)
+
+
+@pytest.mark.parametrize("kw", ODD_BERTS)
+def test_masked_lm_flops_are_the_encoder_and_the_head(kw):
+    cfg = dataclasses.replace(BertConfig(**kw), dropout=0.0)
+    model = BertForMaskedLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 6))
+    assert counted_flops(lambda: model(ids)) == forward_flops(cfg, 6, pooler=False) + mlm_head_flops(cfg, 6)
+    with pytest.raises(TypeError, match="BertConfig"):
+        mlm_head_flops(GPTConfig(vocab_size=9, max_positions=4, d_model=8, n_layers=1, n_heads=2), 3)
 
 
 @pytest.mark.parametrize("t", [1, 7, 13])
