@@ -100,10 +100,9 @@ LR, WEIGHT_DECAY, BETAS = 1e-4, 0.1, (0.9, 0.95)
 
 def _adamw(model: nn.Module, fused: bool | None) -> torch.optim.AdamW:
     """AdamW with decay on matrices only: nanoGPT's ``configure_optimizers`` (fused=None: PyTorch's default)."""
-    params = list(model.parameters())
-    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
-                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                             lr=LR, betas=BETAS, fused=fused)
+    from companion.training import weight_decay_groups
+
+    return torch.optim.AdamW(weight_decay_groups(model, WEIGHT_DECAY), lr=LR, betas=BETAS, fused=fused)
 
 
 def training(settings: Settings) -> list[Row]:

@@ -43,8 +43,8 @@ from .models.gpt import GPTConfig, gpt_param_formula
 from .models.transformer import TransformerConfig
 
 __all__ = [
-    "T5Sizes", "t5_sizes_from_hf", "count_parameters", "parameter_count", "forward_flops", "mlm_head_flops", "generation_kv_cache_bytes",
-    "attention_score_bytes",
+    "T5Sizes", "t5_sizes_from_hf", "count_parameters", "parameter_count", "forward_flops", "mlm_head_flops",
+    "generation_kv_cache_bytes", "attention_score_bytes",
 ]
 
 
@@ -239,7 +239,6 @@ def mlm_head_flops(cfg: BertConfig, seq_len: int) -> int:
     except with a factorised embedding), then the tied decoder ``E -> V``. Add it to
     ``forward_flops(cfg, seq_len, pooler=False)`` for a whole ``BertForMaskedLM``.
     """
-    _check_config(cfg)
     if not isinstance(cfg, BertConfig):
         raise TypeError(f"the masked-LM head belongs to a BertConfig, got {type(cfg).__name__}")
     check_positive_int("seq_len", seq_len)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .mlm import IGNORE_INDEX, make_nsp_pairs
+from .training import weight_decay_groups
 
 __all__ = [
     "TaskData", "next_sentence_task", "capitalisation_task", "replaced_word_task", "split_task", "encode_words",
@@ -242,10 +243,7 @@ def finetune(model: nn.Module, train_data: TaskData, test_data: TaskData, *, ste
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    opt = torch.optim.AdamW(weight_decay_groups(model, weight_decay), lr=lr)  # unfused: the recorded runs used it
     n_warm = max(1, int(warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / n_warm if s < n_warm else max(0.0, (steps - s) / max(1, steps - n_warm)))

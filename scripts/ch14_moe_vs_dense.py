@@ -40,7 +40,7 @@ from companion.data import CharTokenizer, load_pydoc_text, random_batch, train_v
 from companion.models.gpt import GPT, GPTConfig, evaluate_lm, lm_loss
 from companion.calculators import count_parameters
 from companion.moe import MoEConfig, MoEFeedForward, drop_rate, expert_load, moe_aux_loss, moe_gpt, moe_parameter_counts
-from companion.training import TrainConfig, lr_at
+from companion.training import TrainConfig, lr_at, weight_decay_groups
 
 SEEDS = (0, 1, 2)
 SEQ_LEN = 64
@@ -55,11 +55,8 @@ VAL_FRACTION = 0.1
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW with the param groups of companion.training.train (no decay on biases and norms)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+    """AdamW with the param groups of companion.training.train, unfused: the update the recorded run used."""
+    return torch.optim.AdamW(weight_decay_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
 
 
 def moe_layers(model: torch.nn.Module) -> list[MoEFeedForward]:
