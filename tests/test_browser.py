@@ -207,6 +207,12 @@ EDITION_CHECK = r"""
   if (probe) probe.setAttribute('data-cjk-probe', ''); else problems.push('no Chinese paragraph');
   const link = document.querySelector('.edition-switch a');
   if (!link) problems.push('no link to the English edition');
+  // Code and math keep their own fonts: the CJK font rule must not reach them.
+  for (const [what, selector] of [['code', 'article pre, article code'], ['math', 'article mjx-container mjx-c']]) {
+    const el = document.querySelector(selector);
+    const family = el ? getComputedStyle(el).fontFamily : '';
+    if (/CJK|Han Sans|PingFang|YaHei|Hiragino/i.test(family.split(',')[0])) problems.push(`${what} drawn in the CJK font: ${family.slice(0, 60)}`);
+  }
   return {problems, href: link ? link.href : null};
 }
 """
