@@ -105,3 +105,16 @@ def test_without_a_roster_students_come_from_the_names(tmp_path):
     book = gradebook_rows(students, rows, [2], {2: 28}, tmp_path)
     assert [(r["student_id"], r["score"]) for r in book] == [("42", 20.0), ("1003", 0.0), ("12345", 7.0)]
     assert "homework.pdf: not a notebook" in book[1]["reason"]
+
+
+def test_a_folder_without_notebooks_gives_a_table_and_a_message(tmp_path):
+    (tmp_path / "student_7").mkdir()
+    (tmp_path / "student_7" / "homework.pdf").write_text("%PDF-1.4\n")
+    (tmp_path / "answers.py").write_text("x = 1\n")
+    proc = subprocess.run([sys.executable, "-m", "companion_grader", "grade", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "No notebook (.ipynb) found" in proc.stdout
+    for name in ("answers.py", "student_7/homework.pdf"):
+        assert name in proc.stdout and name in (tmp_path / "scores.csv").read_text()
+    assert "not a notebook" in proc.stdout
