@@ -46,7 +46,10 @@ def test_solutions_score_full_marks(graded):
     _, results, rows = graded
     for path in SOLUTIONS:
         r = results[f"solution-{path.name}"]
-        assert r["points"] > 0 and r["status"] == "graded" and r["flags"] == []
+        assert r["points"] > 0 and r["status"] == "graded"
+        # a solution notebook handed in as it is: flagged as a copy (markers, metadata, identical code), nothing else
+        assert r["flags"] and all(f.startswith("solution copy: ") for f in r["flags"]), r["flags"]
+        assert any("identical to the reference solution" in f for f in r["flags"]), r["flags"]
         lost = [(e["id"], c["name"], c["message"]) for e in r["exercises"] for c in e["cases"] if c["earned"] < c["points"]]
         assert r["earned"] == r["points"], lost
         assert int(rows[f"solution-{path.name}"]["earned"]) == r["points"]
@@ -59,6 +62,7 @@ def test_untouched_exercises_score_zero_without_crashing(graded):
         r = results[f"untouched-{path.name}"]
         assert r["points"] > 0 and r["earned"] == 0
         assert r["errors"] == [], r["errors"]  # the stubs raise only when called by a check
+        assert r["flags"] == [], r["flags"]  # an exercise notebook as distributed: no copy flag
         messages = {c["message"] for e in r["exercises"] for c in e["cases"]}
         assert all("not implemented yet" in m for m in messages), messages
 

@@ -294,3 +294,44 @@ def test_in_place_changes_are_still_caught_where_a_check_asks():
     res = run_exercise(get_exercise("10.1"), mutating_top_k)
     last = res.cases[-1]
     assert last.name == "does not modify its input" and last.earned == 0 and "in place" in last.message
+
+
+def test_boolean_masks_are_reported_as_booleans():
+    want = torch.tensor([[True, False], [True, True]])
+    with pytest.raises(CheckFailed, match=r"at 1 of 4 positions; first at index \(1, 1\): expected True, got False"):
+        expect_tensor(torch.tensor([[True, False], [True, False]]), want, name="mask")
+    expect_tensor(want.clone(), want)
+
+
+def test_a_missing_scale_does_not_fail_the_fully_masked_row():
+    res = run_exercise(get_exercise("2.1"), unscaled_attention)
+    by_name = {c.name: c for c in res.cases}
+    assert by_name["a fully masked row gives zeros, not NaN"].passed, by_name["a fully masked row gives zeros, not NaN"].message
+    assert not by_name["scales the scores by 1/sqrt(d_k)"].passed
+
+
+def test_the_parameter_count_message_names_the_statements_fields():
+    res = run_exercise(get_exercise("9.4"), lambda cfg: 1)
+    message = res.cases[0].message
+    assert "ff_size=96" in message and "d_ff" not in message, message
+
+
+def test_statement_titles_equal_check_titles_in_every_chapter():
+    """The heading a student reads and the title the check prints are the same, word for word."""
+    import json
+    import re
+    from pathlib import Path
+
+    from companion.grading import chapter_exercises
+
+    heading = re.compile(r"^#+\s*Exercise\s+(\d+\.\d+):\s*(.*?)\s*\((\d+) points?\)\s*$", re.M)
+    root = Path(__file__).resolve().parents[1]
+    seen = 0
+    for path in sorted((root / "solutions").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        stated = {m.group(1): m.group(2) for c in nb["cells"] if c["cell_type"] == "markdown"
+                  for m in heading.finditer("".join(c["source"]))}
+        for ex in chapter_exercises(nb["metadata"]["companion"]["chapter"]):
+            assert stated.get(ex.id) == ex.title, (path.name, ex.id, stated.get(ex.id), ex.title)
+            seen += 1
+    assert seen >= 50

@@ -8,7 +8,12 @@ In a notebook::
     ...
     score(2)                  # last cell: the total for the chapter
 
-These checks run in the student's kernel: they are feedback. An instructor
+These checks run in the student's kernel: they are feedback. Under nbgrader
+(``nbgrader autograde`` or ``validate``, which set ``NBGRADER_EXECUTION``) a check
+cell also reports its points the way nbgrader reads them: ``check()`` returns
+the points earned (nbgrader takes a number a grade cell shows as partial
+credit) and raises :class:`NoPoints` when none were earned (a grade cell that
+shows an error scores 0; one that shows 0 or nothing would score full). An instructor
 grades a folder of submitted notebooks with the separate instructor's grader
 (``pip install -e ./grader``, then ``python -m companion_grader grade SUBMISSIONS/``),
 which runs the same cases in its own process, out of the submissions' reach.
@@ -38,6 +43,7 @@ from .core import (
 __all__ = [
     "check",
     "score",
+    "NoPoints",
     "Case",
     "CheckFailed",
     "Exercise",
@@ -49,6 +55,13 @@ __all__ = [
     "run_exercise",
     "run_student",
 ]
+
+NBGRADER_ENV = "NBGRADER_EXECUTION"  # set by nbgrader while it runs a notebook to grade or validate it
+
+
+class NoPoints(AssertionError):
+    """Raised by :func:`check` under nbgrader when an exercise earned nothing, so that its grade cell scores 0."""
+
 
 # Results of the check cells run in this kernel, by exercise id (a re-run replaces).
 _GRADEBOOK: dict[str, ExerciseResult] = {}
@@ -66,19 +79,25 @@ def format_result(result: ExerciseResult) -> str:
     return "\n".join(lines)
 
 
-def check(exercise_id: str, *students: Any) -> None:
+def check(exercise_id: str, *students: Any) -> int | None:
     """Run the checks of one exercise on your function(s) or class and print a report.
 
     The result is kept for :func:`score`; nothing is returned, so the check
-    cell shows only the report.
+    cell shows only the report. Under nbgrader (``NBGRADER_EXECUTION`` set) it
+    returns the points earned, and raises :class:`NoPoints` if there are none.
     """
     exercise = get_exercise(exercise_id)
     if os.environ.get(WORKER_ENV):
         print(f"(check {exercise.id} skipped: the instructor's grader runs the checks itself)")
-        return
+        return None
     result = run_exercise(exercise, *students)
     _GRADEBOOK[exercise.id] = result
     print(format_result(result))
+    if os.environ.get(NBGRADER_ENV):
+        if result.earned == 0:
+            raise NoPoints(f"exercise {exercise.id}: 0/{result.points} points")
+        return result.earned
+    return None
 
 
 def score(chapter: int) -> None:

@@ -181,7 +181,10 @@ def _count_case(student, cfg: GPTConfig):
         want = count_parameters(GPT(cfg))
     got = student(cfg)
     expect_true(isinstance(got, int) and not isinstance(got, bool), f"gpt_param_count must return an int, got {type(got).__name__}")
-    expect_true(got == want, f"for {cfg} expected {want:,} parameters, got {got:,} (off by {got - want:+,})")
+    fields = (f"vocab_size={cfg.vocab_size}, max_positions={cfg.max_positions}, d_model={cfg.d_model}, "
+              f"n_layers={cfg.n_layers}, ff_size={cfg.ff_size}, tie_embeddings={cfg.tie_embeddings}, "
+              f"final_norm={cfg.final_norm}")
+    expect_true(got == want, f"for {fields} expected {want:,} parameters, got {got:,} (off by {got - want:+,})")
 
 
 _SMALL = GPTConfig(vocab_size=101, max_positions=17, d_model=24, n_layers=3, n_heads=4)

@@ -387,6 +387,16 @@ def expect_tensor(
         raise CheckFailed(f"{name} should have shape {tuple(want.shape)}, got {tuple(got.shape)}")
     if check_dtype and got.dtype != want.dtype:
         raise CheckFailed(f"{name} should have dtype {want.dtype}, got {got.dtype}")
+    if want.dtype == torch.bool:  # a mask: say which entries are wrong, as booleans
+        got_b, want_b = got.detach().to("cpu") != 0, want.detach().to("cpu")
+        wrong = got_b != want_b
+        if wrong.any():
+            idx = tuple(int(i) for i in wrong.nonzero()[0])
+            raise CheckFailed(
+                f"{name} differs from the reference at {int(wrong.sum())} of {wrong.numel()} positions; "
+                f"first at index {_fmt_index(idx)}: expected {bool(want_b[idx])}, got {bool(got_b[idx])}"
+            )
+        return
     # Compared on the CPU: a student's code may have put its result on a GPU (the cases themselves run on the CPU).
     got_d, want_d = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
     bad_got = ~torch.isfinite(got_d) & torch.isfinite(want_d)

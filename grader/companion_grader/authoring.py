@@ -37,6 +37,7 @@ STUB = 'raise NotImplementedError("replace this line with your code")'
 # ``### begin solution``, ``#### END SOLUTION``) would leak the solution: rejected.
 MARKER_LIKE = re.compile(r"^\s*#+\s*(BEGIN|END)\s+SOLUTION\b", re.IGNORECASE)
 STATEMENT = re.compile(r"^#+\s*Exercise\s+(\d+\.\d+)\b.*\((\d+)\s+points?\)", re.MULTILINE)
+TITLE = re.compile(r"^#+\s*Exercise\s+(\d+\.\d+):\s*(.*?)\s*\(\d+\s+points?\)\s*$", re.MULTILINE)
 CHECK_CALL = re.compile(r"""check\(\s*["'](\d+\.\d+)["']""")
 NBGRADER_SCHEMA = 3
 
@@ -119,21 +120,26 @@ def _add_nbgrader_metadata(nb: dict[str, Any], source_name: str) -> None:
 
 
 def check_statements(solution: dict[str, Any], source_name: str = "solution") -> None:
-    """Every exercise of the chapter has a statement whose "(N points)" equals the registry's total."""
+    """Every exercise of the chapter has a statement whose title and "(N points)" equal the registry's."""
     chapter = solution.get("metadata", {}).get("companion", {}).get("chapter")
     if not isinstance(chapter, int):
         raise ValueError(f"{source_name} has no metadata companion.chapter")
     stated: dict[str, int] = {}
+    titles: dict[str, str] = {}
     for cell in solution["cells"]:
         if cell["cell_type"] == "markdown":
             for ex_id, points in STATEMENT.findall(cell_source(cell)):
                 stated[ex_id] = int(points)
+            titles.update(TITLE.findall(cell_source(cell)))
     problems = []
     for ex in chapter_exercises(chapter):
         if ex.id not in stated:
             problems.append(f"no statement '## Exercise {ex.id}: ... ({ex.points} points)'")
         elif stated[ex.id] != ex.points:
             problems.append(f"the statement of {ex.id} says {stated[ex.id]} points, companion/grading/ch{chapter:02d}.py gives {ex.points}")
+        elif titles.get(ex.id) != ex.title:
+            problems.append(f"the statement of {ex.id} is titled {titles.get(ex.id)!r}, the check {ex.title!r}: "
+                            "write the same words in both")
     extra = sorted(set(stated) - {ex.id for ex in chapter_exercises(chapter)})
     problems += [f"a statement for {i}, which is not registered" for i in extra]
     if problems:

@@ -2,11 +2,14 @@
 
     python -m companion_grader grade submissions/ [--csv scores.csv] [--json scores.json]
 
-The grader does not trust the submissions. For each notebook:
+Every file under the folder, at any depth (an LMS's export nests them:
+``submission_1001/ch02_attention.ipynb``), gets a row. The grader does not
+trust the submissions. For each notebook:
 
-1. it reads the file; a file that is not a notebook, or not one of the
-   course's exercise notebooks, gets a row with status ``invalid notebook``
-   or ``not an exercise``;
+1. it reads the file; a file that is not a notebook (``.pdf``, ``.py``),
+   not a readable one, or not one of the course's exercise notebooks, gets a
+   row with status ``not a notebook``, ``invalid notebook`` or ``not an exercise``
+   and 0 points;
 2. it copies the notebook into a fresh temporary folder and starts a worker
    process there (:mod:`.worker`, in the sandbox of :mod:`.sandbox`), which
    runs the notebook's code cells; ``check()`` and ``score()`` do nothing in
@@ -22,7 +25,8 @@ The grader does not trust the submissions. For each notebook:
    status ``timeout``, keeping the cases graded so far.
 
 Each row has a status (:data:`STATUSES`), the points per exercise, flags
-(imports of modules the exercise forbids, code defined in check cells) and,
+(imports of modules the exercise forbids, code defined in check cells, a copy
+of the solution notebook, reads and writes outside the submission's folder) and,
 whenever something could not be graded, the reason. The CSV and JSON are
 rewritten after every notebook, so they exist even if the batch is stopped.
 """
@@ -30,10 +34,12 @@ rewritten after every notebook, so they exist even if the batch is stopped.
 from __future__ import annotations
 
 import ast
+import copy
 import csv
 import dataclasses
 import hashlib
 import json
+import os
 import pickle
 import shutil
 import sys
@@ -47,13 +53,19 @@ import torch
 
 from companion.grading.core import CaseResult, ExerciseResult, StudentProcessDied, chapter_exercises, run_case
 
-from .authoring import cell_source
+from .authoring import BEGIN, END, MARKER_LIKE, cell_source
 from .remote import Channel, load_plain, read_frame, write_frame
 from .sandbox import COURSE_ROOT, GRADER_ROOT, Limits, hidden_paths, kill_worker, sandbox_status, start_worker
 
-__all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table", "find_flags"]
+__all__ = ["STATUSES", "Limits", "grade_notebook", "grade_folder", "format_table", "find_flags",
+           "find_submissions", "solution_fingerprints", "copy_flags"]
 
-STATUSES = ("graded", "timeout", "crashed", "invalid notebook", "not an exercise")
+STATUSES = ("graded", "timeout", "crashed", "not a notebook", "invalid notebook", "not an exercise")
+# Files of a folder that are not submissions: the grader's own results, an export's metadata,
+# and what operating systems and Jupyter leave beside files (checkpoints are older copies).
+RESULT_NAMES = {"scores.csv", "scores.json", "gradebook.csv", "canvas.csv", "submission_metadata.yml"}
+SKIPPED_DIRS = {".ipynb_checkpoints", "__MACOSX", "__pycache__"}
+FINGERPRINTS_ENV = "COMPANION_GRADER_FINGERPRINTS"  # a JSON file of solution fingerprints (the Gradescope zip has one)
 SKIP_TAGS = {"check", "score"}
 MAX_NOTEBOOK_BYTES = 50 * 10**6
 MAX_RESTARTS = 30  # per notebook; each restart re-runs the notebook's cells
@@ -175,6 +187,95 @@ def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dic
     return notebook_flags, per_exercise
 
 
+# ------------------------------------------------------------------ copies of the solution
+
+def _normalised(node: ast.AST) -> str:
+    """A definition as code, without comments, docstrings or layout (``ast.unparse``)."""
+    node = copy.deepcopy(node)
+    for sub in ast.walk(node):
+        body = getattr(sub, "body", None)
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            sub.body = body[1:] or [ast.Pass()]
+    return ast.unparse(node)
+
+
+def _definitions(nb: dict[str, Any]) -> dict[str, str]:
+    """Top-level ``def``/``class`` by name, normalised; the last definition wins, as when the cells run."""
+    found: dict[str, str] = {}
+    for cell in nb.get("cells", []):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(cell_source(cell))
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found[node.name] = _normalised(node)
+    return found
+
+
+def _fingerprint(code: str) -> str:
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+_FINGERPRINTS: dict[int, dict[str, list[str]]] = {}
+
+
+def solution_fingerprints(chapter: int) -> dict[str, list[str]]:
+    """Per exercise id, the fingerprints (SHA-256 of the normalised code) of its targets in the
+    reference solution: from the file named by ``$COMPANION_GRADER_FINGERPRINTS`` if set, else from
+    the ``solutions/`` of the course's repository (an editable install); empty if neither exists."""
+    if chapter in _FINGERPRINTS:
+        return _FINGERPRINTS[chapter]
+    found: dict[str, list[str]] = {}
+    named = os.environ.get(FINGERPRINTS_ENV)
+    if named:
+        try:
+            found = json.loads(Path(named).read_text(encoding="utf-8")).get(str(chapter), {})
+        except (OSError, ValueError, AttributeError):
+            found = {}
+    else:
+        for path in sorted((COURSE_ROOT / "solutions").glob(f"ch{chapter:02d}_*.ipynb")):
+            try:
+                nb = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            defs = _definitions(nb)
+            for ex in chapter_exercises(chapter):
+                if all(t in defs for t in ex.targets):
+                    found[ex.id] = [_fingerprint(defs[t]) for t in ex.targets]
+    _FINGERPRINTS[chapter] = found
+    return found
+
+
+def copy_flags(nb: dict[str, Any], chapter: int, exercises: list[Any]) -> list[str]:
+    """Signs that a submission is the course's solution notebook, or holds its code."""
+    flags = []
+    marked = [i for i, c in enumerate(nb["cells"]) if c.get("cell_type") == "code"
+              and any(MARKER_LIKE.match(line) for line in cell_source(c).splitlines())]
+    if marked:
+        flags.append(f"solution copy: cell {marked[0]} holds the solution markers ({BEGIN} / {END}), "
+                     "which only the solution notebooks have")
+    meta = nb.get("metadata")
+    companion = meta.get("companion") if isinstance(meta, dict) else None
+    if isinstance(companion, dict) and "generated_from" not in companion:
+        flags.append("solution copy: its metadata lacks companion.generated_from, which every exercise "
+                     "notebook carries and no solution notebook does")
+    reference = solution_fingerprints(chapter)
+    if reference:
+        defs = _definitions(nb)
+        same = [ex for ex in exercises if ex.id in reference and all(t in defs for t in ex.targets)
+                and [_fingerprint(defs[t]) for t in ex.targets] == reference[ex.id]]
+        if same:
+            flags.append(f"solution copy: the code of exercise{'s' if len(same) > 1 else ''} "
+                         f"{', '.join(f'{ex.id} ({chr(44).join(ex.targets)})' for ex in same)} is identical "
+                         "to the reference solution (comments, docstrings and layout aside)")
+    return flags
+
+
 # ------------------------------------------------------------------ one submission
 
 class _Session:
@@ -192,6 +293,7 @@ class _Session:
         self.cell_imports: set[str] = set()  # imported by the cells' own lines, as the worker saw it run
         self.runtime_imports: dict[str, set[str]] = {}  # exercise id -> imported while its cases ran
         self.definers: dict[str, int] = {}  # name -> index of the cell that defines it (read from the code)
+        self.outside: set[str] = set()  # reads, writes and programs outside the allowed folders (worker's report)
         for index, source in cells:
             try:
                 for name in _defined_names(ast.parse(source)):
@@ -231,6 +333,8 @@ class _Session:
                     if isinstance(reply, dict) and isinstance(reply.get("value"), dict):
                         self.errors = [str(e)[:300] for e in reply["value"].get("errors", [])][:50]
                         self.cell_imports |= self.channel.imports
+                        if isinstance(reply.get("outside"), list):
+                            self.outside.update(str(m)[:400] for m in reply["outside"][:200])
                         return
                     raise StudentProcessDied("unexpected reply while running the cells")
             except TimeoutError:
@@ -309,6 +413,8 @@ def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict
             if session.channel is not None:
                 session.runtime_imports.setdefault(ex.id, set()).update(session.channel.imports)
                 session.channel.imports.clear()
+                session.outside |= session.channel.outside
+                session.channel.outside.clear()
             if session.channel is None or session.channel.broken:
                 session.stop()  # a case timed out or the worker died: a fresh worker for the next case
         reports.append(result.as_dict())
@@ -316,29 +422,50 @@ def _grade_exercises(session: _Session, exercises: list[Any]) -> tuple[list[dict
 
 
 def _row(path: Path, status: str, reason: str = "", chapter: int | None = None,
-         exercises: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+         exercises: list[dict[str, Any]] | None = None, name: str | None = None) -> dict[str, Any]:
     exercises = exercises or []
-    return {"notebook": path.name, "status": status, "reason": reason, "chapter": chapter,
+    return {"notebook": name or path.name, "status": status, "reason": reason, "chapter": chapter,
             "earned": sum(e["earned"] for e in exercises), "points": sum(e["points"] for e in exercises),
             "exercises": exercises, "errors": [], "flags": []}
 
 
+def _outside_flags(outside: set[str], sandboxed: bool) -> list[str]:
+    """One flag per kind (read, write, ran), naming the first paths."""
+    flags = []
+    for kind, verb in (("read", "tried to read outside its folder"), ("write", "tried to write outside its folder"),
+                       ("ran", "tried to run a program")):
+        # real paths before glob patterns, deeper (more telling) paths first
+        items = sorted((o.split(" ", 1)[1] for o in outside if o.startswith(kind + " ")),
+                       key=lambda p: (any(c in p for c in "*?["), -p.count("/"), p))
+        if items:
+            shown = ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+            what = ("the sandbox blocked it" if sandboxed else "no sandbox: it may have succeeded")
+            flags.append(f"{verb}: {shown} ({what})")
+    return flags
+
+
 def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path | None = None,
-                   hide: tuple[Path, ...] | None = None) -> dict[str, Any]:
+                   hide: tuple[Path, ...] | None = None, name: str | None = None) -> dict[str, Any]:
     """Grade one submission; never raises for anything the submission contains.
 
-    ``hide``: paths the worker must not read (default: the notebook's folder and the course's solutions).
+    ``hide``: paths the worker must not read (default: the notebook's folder and the course's solutions);
+    ``name``: what the row calls the file (default its name; :func:`grade_folder` gives the relative path).
     """
     path, limits = Path(path), limits or Limits()
     start = time.monotonic()
+    if path.suffix.lower() != ".ipynb":
+        kind = f"a {path.suffix.lower()[1:]} file" if path.suffix else "a file without extension"
+        return {**_row(path, "not a notebook", f"{kind}, not a Jupyter notebook (.ipynb): nothing was run",
+                       name=name), "seconds": 0.0}
     nb, why = _read(path)
     if nb is None:
-        return {**_row(path, "invalid notebook", why), "seconds": round(time.monotonic() - start, 1)}
+        return {**_row(path, "invalid notebook", why, name=name), "seconds": round(time.monotonic() - start, 1)}
     chapter, why = _chapter(nb)
     if chapter is None:
-        return {**_row(path, "not an exercise", why), "seconds": round(time.monotonic() - start, 1)}
+        return {**_row(path, "not an exercise", why, name=name), "seconds": round(time.monotonic() - start, 1)}
     exercises = chapter_exercises(chapter)
     notebook_flags, exercise_flags = find_flags(nb, exercises)
+    notebook_flags += copy_flags(nb, chapter, exercises)
     cells = [(i, cell_source(c)) for i, c in enumerate(nb["cells"]) if c.get("cell_type") == "code"]
     own_root = workroot is None
     root = Path(tempfile.mkdtemp(prefix="companion-grade-")) if own_root else Path(workroot)
@@ -358,8 +485,9 @@ def grade_notebook(path: Path, *, limits: Limits | None = None, workroot: Path |
             flag = f"uses {hit}, which exercise {ex.id} forbids"
             flags = flags if flag in flags else [*flags, flag + " (an import seen at run time)"]
         rep["flags"] = flags
-    row = _row(path, status, reason, chapter, reports)
+    row = _row(path, status, reason, chapter, reports, name=name)
     row["errors"] = [*session.skipped.values(), *session.errors]
+    notebook_flags += _outside_flags(session.outside, sandbox_status().startswith("bubblewrap"))
     row["flags"] = notebook_flags + [f for rep in reports for f in rep["flags"]]
     if session.starts > 1:
         row["errors"].append(f"the worker was restarted {session.starts - 1} time(s)")
@@ -380,12 +508,18 @@ def format_table(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         by_id = {e["id"]: f"{e['earned']}/{e['points']}{'*' if e.get('flags') else ''}" for e in r["exercises"]}
-        total = f"{r['earned']}/{r['points']}{'*' if r['flags'] else ''}" if r["exercises"] else "-"
+        total = f"{r['earned']}/{r['points']}{'*' if r['flags'] else ''}" if r["exercises"] else "0"
         rows.append([r["notebook"], r["status"], *(by_id.get(i, "-") for i in ids), total])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     if any(r["flags"] for r in results):
-        lines.append("* flagged: see the flags in the JSON file")
+        lines.append("* flagged: see the flags in the CSV or JSON file")
+    copies = [r["notebook"] for r in results if any(f.startswith("solution copy") for f in r["flags"])]
+    if copies:
+        lines.append(f"solution copies (flagged): {', '.join(copies)}")
+    outside = [r["notebook"] for r in results if any("outside its folder" in f or "run a program" in f for f in r["flags"])]
+    if outside:
+        lines.append(f"reached outside their folder (flagged): {', '.join(outside)}")
     return "\n".join(lines)
 
 
@@ -397,12 +531,28 @@ def _write(results: list[dict[str, Any]], csv_path: Path | None, json_path: Path
         ids = _ids(results)
         with open(csv_path, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
-            writer.writerow(["notebook", "status", "chapter", *ids, "earned", "points", "flags", "reason"])
+            writer.writerow(["notebook", "student", "status", "chapter", *ids, "earned", "points", "flags", "reason"])
             for r in results:
                 by_id = {e["id"]: e["earned"] for e in r["exercises"]}
-                writer.writerow([r["notebook"], r["status"], r["chapter"] if r["chapter"] is not None else "",
+                writer.writerow([r["notebook"], r.get("student", ""), r["status"],
+                                 r["chapter"] if r["chapter"] is not None else "",
                                  *(by_id.get(i, "") for i in ids), r["earned"], r["points"],
                                  "; ".join(r["flags"]), r["reason"]])
+
+
+def find_submissions(folder: Path, skip: tuple[Path | None, ...] = ()) -> list[Path]:
+    """Every file under ``folder`` at any depth, sorted; not the grader's results (``skip`` and the
+    usual names), an export's metadata, hidden files, nor Jupyter's checkpoint copies."""
+    folder = Path(folder)
+    skipped = {Path(p).resolve() for p in skip if p is not None}
+    found = []
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") or part in SKIPPED_DIRS for part in rel.parts):
+            continue
+        if p.is_file() and p.name not in RESULT_NAMES and p.resolve() not in skipped:
+            found.append(p)
+    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
 def _digest(folder: Path, skip: tuple[Path | None, ...] = ()) -> str:
@@ -410,7 +560,7 @@ def _digest(folder: Path, skip: tuple[Path | None, ...] = ()) -> str:
     skipped = {Path(p).resolve() for p in skip if p is not None}
     h = hashlib.sha256()
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and p.name not in ("scores.csv", "scores.json") \
+        if p.is_file() and "__pycache__" not in p.parts and p.name not in RESULT_NAMES \
                 and p.resolve() not in skipped:
             h.update(str(p.relative_to(folder)).encode())
             h.update(hashlib.sha256(p.read_bytes()).digest())
@@ -433,30 +583,39 @@ def _not_traceable() -> None:
 def grade_folder(
     folder: Path, *, csv_path: Path | None = None, json_path: Path | None = None,
     limits: Limits | None = None, progress: TextIO | None = sys.stderr,
+    paths: list[Path] | None = None, skip: tuple[Path | None, ...] = (),
 ) -> list[dict[str, Any]]:
-    """Grade every ``*.ipynb`` in ``folder`` (one row each); the files are rewritten after each notebook."""
+    """Grade every file under ``folder``, at any depth (one row each, named by its path relative
+    to ``folder``; ``paths`` instead grades those files); the CSV and JSON are rewritten after each.
+
+    A folder without notebooks gives rows for what it holds (maybe none) and no error."""
     folder, limits = Path(folder), limits or Limits()
-    paths = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
-    if not paths:
-        raise ValueError(f"no .ipynb files in {folder}")
+    skip = (csv_path, json_path, *skip)
+    paths = find_submissions(folder, skip) if paths is None else list(paths)
     sandbox = sandbox_status()
     sandboxed = sandbox.startswith("bubblewrap")
-    skip = (csv_path, json_path)
     hide = hidden_paths(folder, skip)
     _not_traceable()
     watched = {"the companion package": COURSE_ROOT / "companion", "the grader": GRADER_ROOT / "companion_grader",
                "the submissions": folder}
-    watched = {what: (where, _digest(where, skip)) for what, where in watched.items()}
+    watched = {what: (where, _digest(where, skip)) for what, where in watched.items() if where.is_dir()}
+    notebooks = sum(p.suffix.lower() == ".ipynb" for p in paths)
     if progress:
-        print(f"grading {len(paths)} notebooks, at most {limits.notebook_seconds:g} s each; sandbox: {sandbox}",
-              file=progress, flush=True)
+        others = f" and {len(paths) - notebooks} other files" if len(paths) > notebooks else ""
+        print(f"grading {notebooks} notebooks{others} under {folder}, at most {limits.notebook_seconds:g} s each; "
+              f"sandbox: {sandbox}", file=progress, flush=True)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="companion-grade-") as root:
         for n, path in enumerate(paths, 1):
             try:
-                row = grade_notebook(path, limits=limits, workroot=Path(root), hide=hide)
+                name = path.relative_to(folder).as_posix()
+            except ValueError:
+                name = str(path)
+            try:
+                row = grade_notebook(path, limits=limits, workroot=Path(root), hide=hide, name=name)
             except Exception as err:  # noqa: BLE001 - a bug of the grader must not lose the other rows
-                row = {**_row(path, "crashed", f"grader error: {type(err).__name__}: {err}"[:500]), "seconds": None}
+                row = {**_row(path, "crashed", f"grader error: {type(err).__name__}: {err}"[:500], name=name),
+                       "seconds": None}
                 row["errors"] = traceback.format_exc().splitlines()[-5:]
             if not sandboxed:  # without a sandbox a submission could write: at least notice it
                 for what, (where, digest) in list(watched.items()):
@@ -465,11 +624,13 @@ def grade_folder(
                         row["flags"].append(f"{what} changed on disk while this notebook was graded")
                         watched[what] = (where, now)
                         if progress:
-                            print(f"WARNING: {path.name} changed {what} ({where})", file=progress, flush=True)
+                            print(f"WARNING: {name} changed {what} ({where})", file=progress, flush=True)
             results.append(row)
             _write(results, csv_path, json_path, sandbox)
             if progress:
                 total = f" {row['earned']}/{row['points']}" if row["exercises"] else ""
-                print(f"[{n}/{len(paths)}] {path.name}: {row['status']}{total} ({row['seconds']} s)"
+                print(f"[{n}/{len(paths)}] {name}: {row['status']}{total} ({row['seconds']} s)"
                       f"{' - ' + row['reason'] if row['reason'] else ''}", file=progress, flush=True)
+    if not results:
+        _write(results, csv_path, json_path, sandbox)
     return results

@@ -117,6 +117,7 @@ class Channel:
         self.to_worker, self.from_worker = to_worker, from_worker
         self.broken = False
         self.imports: set[str] = set()  # what the student's code imported while answering (worker's report)
+        self.outside: set[str] = set()  # what it tried to read, write or run outside its folders (worker's report)
 
     def request(self, message: tuple, deadline: float | None = None) -> Any:
         if self.broken:
@@ -138,6 +139,9 @@ class Channel:
         found = reply.get("imports")
         if isinstance(found, list):
             self.imports.update(str(m)[:200] for m in found[:1000])
+        found = reply.get("outside")
+        if isinstance(found, list) and len(self.outside) < 1000:
+            self.outside.update(str(m)[:400] for m in found[:200])
         if "error" in reply:
             raise remote_exception(str(reply.get("type", "Exception")), str(reply["error"])[:1000])
         return self.revive(reply.get("value"))

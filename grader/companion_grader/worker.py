@@ -30,6 +30,7 @@ import torch
 from companion.grading.core import WORKER_ENV, describe_exception
 
 from .remote import dump_plain, read_frame, write_frame
+from .sandbox import ROOTS_ENV, WRITABLE_ENV
 
 PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -39,6 +40,7 @@ class Worker:
         self.inp, self.out = inp, out
         self.objects: dict[int, Any] = {}
         self.imports: set[str] = set()  # modules the student's own lines imported since the last reply
+        self.outside: list[str] = []  # "read PATH" / "write PATH" / "ran PROGRAM", since the last reply
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
 
     # ---------------------------------------------------------- replies
@@ -107,11 +109,102 @@ class Worker:
                 exec(code, self.namespace)
             except BaseException as err:  # noqa: BLE001 - a cell that raises is recorded, the next one runs
                 errors.append(f"cell {index}: {_short(err)}")
-        return {"value": {"errors": errors}, "imports": self.take_imports()}
+        return {"value": {"errors": errors}, "imports": self.take_imports(), "outside": self.take_outside()}
 
     def take_imports(self) -> list[str]:
         found, self.imports = sorted(self.imports), set()
         return found
+
+    def take_outside(self) -> list[str]:
+        found, self.outside[:] = list(self.outside), []
+        return found
+
+    def watch_files(self, readable: list[str], writable: list[str]) -> None:
+        """Record what the student's code tries to read, write or run outside its allowed folders.
+
+        An audit hook (PEP 578) sees every ``open``, directory listing, rename, removal and
+        program start, whatever module makes it; only those made while a line of a notebook
+        cell is on the stack count (not the import system's own reads), and only paths outside
+        ``readable`` (``writable`` for a write). Under bubblewrap the access fails as well
+        (nothing outside exists); without it, this record is all there is. Like the import
+        record it comes from the submission's process: a flag for a person, not a proof.
+        """
+        norm = os.path.normpath
+        readable = tuple(norm(r) for r in readable if r)
+        writable = tuple(norm(w) for w in writable if w)
+        outside, seen = self.outside, set()
+        reads = {"os.listdir", "os.scandir", "glob.glob", "os.chdir", "shutil.copytree"}
+        writes = {"os.mkdir", "os.remove", "os.rmdir", "os.rename", "os.replace", "os.symlink", "os.link",
+                  "os.chmod", "os.chown", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move",
+                  "shutil.copyfile", "shutil.chown"}
+        programs = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "pty.spawn"}
+        wanted = reads | writes | programs | {"open"}
+        write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+        def under(path: str, roots: tuple[str, ...]) -> bool:
+            return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+        def from_student() -> bool:
+            frame = sys._getframe(2)
+            student = False
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if name.startswith("<frozen importlib"):
+                    return False  # the import system looking for a module
+                student = student or name.startswith("<cell")
+                frame = frame.f_back
+            return student
+
+        def record(what: str) -> None:
+            if what not in seen and len(seen) < 200:
+                seen.add(what)
+                outside.append(what)
+
+        def path_of(arg: Any) -> str | None:
+            if isinstance(arg, bytes):
+                arg = os.fsdecode(arg)
+            if not isinstance(arg, str) or not arg:
+                return None
+            return norm(arg if os.path.isabs(arg) else os.path.join(os.getcwd(), arg))
+
+        def hook(event: str, args: tuple) -> None:
+            if event not in wanted:
+                return
+            try:
+                if event in programs:
+                    if from_student():
+                        record(f"ran {str(args[0] if args else '?')[:200]}")
+                    return
+                if event == "open":
+                    path, mode, flags = (list(args) + [None, None, None])[:3]
+                    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                        (mode is None and isinstance(flags, int) and bool(flags & write_flags))
+                    paths = [path_of(path)]
+                elif event in ("os.rename", "os.replace", "os.symlink", "os.link", "shutil.copyfile",
+                               "shutil.move", "shutil.copytree"):
+                    writing = event != "shutil.copytree"
+                    paths = [path_of(args[0]), path_of(args[1]) if len(args) > 1 else None]
+                    if event in ("shutil.copyfile", "shutil.copytree"):  # the source is read
+                        src, dst = paths
+                        if src is not None and not under(src, readable) and from_student():
+                            record(f"read {src[:300]}")
+                        paths, writing = [dst], True
+                else:
+                    writing = event in writes
+                    paths = [path_of(args[0]) if args else None]
+                for path in paths:
+                    if path is None:
+                        continue
+                    inside = under(path, writable) if writing else under(path, readable)
+                    parts = path.split("/")
+                    if len(parts) > 3 and parts[1] == "proc" and parts[3] in ("root", "cwd", "fd", "map_files"):
+                        inside = False  # another view of the whole file system
+                    if not inside and from_student():
+                        record(f"{'write' if writing else 'read'} {path[:300]}")
+            except Exception:  # noqa: BLE001 - the record must never break the student's code
+                pass
+
+        sys.addaudithook(hook)
 
     def watch_imports(self) -> None:
         """Record what the student's lines import, however spelled (``__import__("a" + "b")`` too).
@@ -176,6 +269,7 @@ class Worker:
                 reply = self.error(err)
             if kind != "cells":
                 reply["imports"] = self.take_imports()
+                reply["outside"] = self.take_outside()
             try:
                 self.send(reply)
             except Exception as err:  # noqa: BLE001 - an unpicklable value, say why
@@ -226,6 +320,9 @@ def main() -> None:
     os.environ[WORKER_ENV] = "1"  # check() and score() of the notebook's cells do nothing here
     worker = Worker(inp, out)
     worker.watch_imports()
+    roots = os.environ.get(ROOTS_ENV)
+    if roots is not None:
+        worker.watch_files(roots.split(os.pathsep), os.environ.get(WRITABLE_ENV, "").split(os.pathsep))
     shell = _NoShell(worker.namespace)
     worker.namespace["get_ipython"] = lambda: shell
     try:
