@@ -11,8 +11,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPT
 from companion.kv_cache import KVCache
 from companion.models.gpt import (
     GPT, GPT1, GPT2_LARGE, GPT2_MEDIUM, GPT2_SMALL, GPT2_XL, GPT3_175B, GPTConfig,
-    from_hf_gpt2, from_hf_openai_gpt, gpt_param_formula,
+    from_hf_gpt2, from_hf_openai_gpt, from_pretrained_gpt2, gpt_param_formula,
 )
+from companion.generation import generate
 from companion.calculators import count_parameters
 
 
@@ -272,3 +273,35 @@ def test_copy_by_name_map_reports_missing_unexpected_and_mismatched_by_name():
     assert torch.equal(model[0].weight, sd["a.w"].t())
     with pytest.raises(ValueError, match="does not have: nope"):
         copy_by_name_map(model, sd, {"nope": "a.w"})
+
+
+# ---------------------------------------------------------------- released GPT-2 checkpoints, offline
+
+def test_from_pretrained_gpt2_reads_a_saved_folder_and_decodes_like_hf(tmp_path):
+    _hf_gpt2(seed=5).save_pretrained(tmp_path)
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path).eval()  # what the loader reads, read by HF itself
+    ours = from_pretrained_gpt2(tmp_path)
+    idx = torch.randint(0, 99, (2, 11), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-5, atol=1e-5)
+    prompt = idx[:, :4]
+    hf_tokens = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
+                            do_sample=False, pad_token_id=0)
+    assert hf_tokens.shape == (2, 16)
+    assert torch.equal(generate(ours, prompt, 12), hf_tokens)
+    assert torch.equal(generate(ours, prompt, 12, use_cache=False), hf_tokens)
+
+
+def test_from_pretrained_gpt2_rejects_what_is_not_a_gpt2_checkpoint(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    with pytest.raises(ValueError, match="no config.json"):
+        from_pretrained_gpt2(tmp_path)
+    (tmp_path / "weights.txt").write_text("not a model")
+    with pytest.raises(ValueError, match="no config.json"):
+        from_pretrained_gpt2(tmp_path / "weights.txt")
+    bert = tmp_path / "bert"
+    BertModel(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                         intermediate_size=37)).save_pretrained(bert)
+    with pytest.raises(ValueError, match="model_type='bert', expected 'gpt2'"):
+        from_pretrained_gpt2(bert)

@@ -4,7 +4,9 @@ One class covers GPT-1 (Radford et al., 2018: post-LN, no final norm) and
 GPT-2/GPT-3 (Radford et al., 2019; Brown et al., 2020: pre-LN, a final
 LayerNorm): ``GPTConfig.norm_first`` and ``final_norm`` switch between them.
 Weights of Hugging Face ``GPT2LMHeadModel`` and ``OpenAIGPTLMHeadModel`` load
-with :func:`from_hf_gpt2` and :func:`from_hf_openai_gpt`.
+with :func:`from_hf_gpt2` and :func:`from_hf_openai_gpt`; OpenAI's released GPT-2
+checkpoints (a hub name such as ``"gpt2"``, or a saved folder) with
+:func:`from_pretrained_gpt2`.
 
 Shape legend: B batch, T new tokens, S cached + new tokens (keys), H heads,
 Dh head size, D model size, F feed-forward size, V vocabulary.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,7 +33,7 @@ __all__ = [
     "GPTConfig", "GPT", "GPTBlock", "dense_ffn",
     "GPT1", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_175B",
     "gpt_param_formula",
-    "config_from_hf", "from_hf_gpt2", "config_from_hf_openai", "from_hf_openai_gpt", "hf_block_names",
+    "config_from_hf", "from_hf_gpt2", "from_pretrained_gpt2", "config_from_hf_openai", "from_hf_openai_gpt", "hf_block_names",
     "lm_loss", "evaluate_lm",
 ]
 
@@ -292,6 +295,29 @@ def from_hf_gpt2(source) -> GPT:
              "norm_f.weight": "transformer.ln_f.weight", "norm_f.bias": "transformer.ln_f.bias",
              **hf_block_names(model, "transformer.")}
     return _load(model, sd, names)
+
+
+def from_pretrained_gpt2(name_or_path: str | Path) -> GPT:
+    """A :class:`GPT` holding a released GPT-2: a hub name (``"gpt2"``, ``"gpt2-medium"``, ...) or a local folder.
+
+    Hugging Face ``transformers`` reads the checkpoint (``GPT2LMHeadModel.from_pretrained``:
+    a hub name needs the network or a cached copy, a folder written by
+    ``save_pretrained`` works offline) and :func:`from_hf_gpt2` copies its weights.
+    Raises ``ValueError`` for a folder that is not a GPT-2 checkpoint, and the
+    ``OSError`` of ``transformers`` when the hub cannot be reached.
+    """
+    from transformers import AutoConfig, GPT2LMHeadModel  # an optional dependency: companion[reference]
+
+    path = Path(name_or_path)
+    if path.exists() and not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a GPT-2 checkpoint: no config.json in it "
+                         "(expected a folder written by save_pretrained, or a hub name such as 'gpt2')")
+    hf_config = AutoConfig.from_pretrained(name_or_path)
+    if hf_config.model_type != "gpt2":
+        raise ValueError(f"{name_or_path} is not a GPT-2 checkpoint: its config has model_type="
+                         f"{hf_config.model_type!r}, expected 'gpt2'")
+    hf = GPT2LMHeadModel.from_pretrained(name_or_path, config=hf_config)
+    return from_hf_gpt2(hf)
 
 
 def config_from_hf_openai(hf_config) -> GPTConfig:
