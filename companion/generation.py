@@ -25,9 +25,15 @@ applied in that order) and :func:`beam_search` reproduces
 ``model.generate(num_beams=K, do_sample=False, length_penalty=..., early_stopping=...)``
 including its finishing rules; the tests check both against ``transformers``.
 
+The length penalty is Hugging Face's form, ``sum log p / L ** length_penalty``
+(``transformers/generation/utils.py``, the beam-search scorer), the one the tests
+compare with; GNMT (Wu et al., 2016, section 7) divides by
+``((5 + L) / 6) ** alpha`` instead, which this module does not implement.
+
 References: Holtzman et al. (2020), "The Curious Case of Neural Text
 Degeneration" (top-p); Fan et al. (2018), "Hierarchical Neural Story
-Generation" (top-k); Wu et al. (2016), GNMT, section 7 (length penalty).
+Generation" (top-k); Wolf et al. (2020), Hugging Face ``transformers``
+(the samplers' order, beam search's finishing rules and its length penalty).
 """
 
 from __future__ import annotations
@@ -348,7 +354,8 @@ def beam_search(
     2. A candidate *ends* if its token is ``eos_token_id`` or the length limit is
        reached. Ended candidates among the best K are offered to the finished
        set with the score ``sum log p / L ** length_penalty`` (L = generated
-       length, EOS included); the finished set keeps its K best.
+       length, EOS included; Hugging Face's length penalty, not GNMT's
+       ``((5 + L) / 6) ** alpha``); the finished set keeps its K best.
     3. The K best candidates that did not end become the new running beams.
     4. A prompt is *done* when ``early_stopping is True`` and K hypotheses are
        finished, or when K are finished and the best running beam cannot beat

@@ -79,6 +79,12 @@ class KVCache:
 
         Called by every attention layer at every step: it trusts the shapes (the
         model checked its inputs) and only checks that layers are filled in order.
+        ``torch.cat`` copies the ``S`` cached keys and values into a new tensor
+        at every call: ``O(S)`` work per step and ``O(T^2)`` over a generation of
+        ``T`` tokens, the same order as attention over the cache (Chapter 10
+        measures both). A cache preallocated to the final length would avoid the
+        copy; this one keeps every held tensor exactly ``(B, H, S, Dh)``, so that
+        :meth:`nbytes` is the memory formula.
         """
         past_k, past_v = self.keys[layer], self.values[layer]
         if past_k is None:

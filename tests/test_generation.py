@@ -224,6 +224,22 @@ def test_beam_search_finishes_early_with_eos(models, prompt):
     assert (ends[out.lengths < 9] == EOS).all()
 
 
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
+def test_beam_score_is_hugging_faces_length_penalty_not_gnmts(models, prompt, alpha):
+    """A returned score is sum log p / L ** alpha (transformers' form), recomputed from the model's own log-probs."""
+    _, model = models
+    out = beam_search(model, prompt, num_beams=3, max_new_tokens=9, length_penalty=alpha, eos_token_id=EOS,
+                      num_return_sequences=2)
+    t = prompt.shape[1]
+    with torch.no_grad():
+        for seq, n, score in zip(out.sequences, out.lengths.tolist(), out.scores.tolist()):
+            ids = seq[None, : t + n]
+            log_p = model(ids[:, :-1]).log_softmax(-1)[0, t - 1 :].gather(-1, ids[0, t:, None]).sum().item()
+            assert score == pytest.approx(log_p / n**alpha, abs=1e-4)
+            if alpha > 0 and n > 1:  # GNMT's ((5 + L) / 6) ** alpha would give another score
+                assert score != pytest.approx(log_p / ((5 + n) / 6) ** alpha, abs=1e-3)
+
+
 def test_one_beam_is_greedy(models, prompt):
     _, model = models
     out = beam_search(model, prompt, num_beams=1, max_new_tokens=10)
