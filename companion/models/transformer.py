@@ -135,9 +135,10 @@ class Transformer(Seq2SeqModel):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
-            # Shared with the output projection, the embedding starts with the scale of a
-            # linear layer (std d_model^-0.5); the sqrt(d_model) factor then gives the
-            # embedded tokens unit scale, comparable to the positional encoding.
+            # Shared with the output projection, the embedding starts at std d_model^-0.5
+            # (variance 1 over that projection's fan-in, d_model; the other linear layers are
+            # Xavier-initialised): rows of norm about 1, which the sqrt(d_model) factor scales
+            # to entries of unit size, comparable to the positional encoding.
             nn.init.normal_(self.tok_emb.weight, std=cfg.d_model ** -0.5)
             self.lm_head.weight = self.tok_emb.weight
 
