@@ -105,7 +105,9 @@ def _weights(q, k, v, mask=None, *, bias=None, is_causal=False, scale=None, head
         # (zeroed below) instead of 0/0 = NaN; and unlike -1e9 it cannot overflow in fp16.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)  # (..., T, S)
-    if empty_rows is not None:
+    if empty_rows is not None and empty_rows.any():
+        # Only when a row is empty: masked_fill makes a copy (softmax's backward needs its output,
+        # so it cannot be in place), a third (T, S) tensor while `scores` is still alive.
         weights = weights.masked_fill(empty_rows, 0.0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)

@@ -24,8 +24,11 @@ token costs ``2 n`` FLOPs, hence the rule "2 x parameters per token"; attention 
 ``4 d_attn S`` per token and layer for a token that looks at ``S`` keys (``Q K^T``
 and ``weights V``, ``d_attn = n_heads * d_head``). Embedding look-ups, norms,
 biases, softmax and activations are not counted (they are not matrix products,
-and ``FlopCounterMode`` does not count them either). A causal mask does not halve
-the count: the kernels compute the full square and then mask it.
+and ``FlopCounterMode`` does not count them either). The count is the full
+square of scores even under a causal mask: that is what the naive path computes
+(scores, then the mask). Causal FlashAttention kernels skip the tiles above the
+diagonal (FlashAttention-2, Dao 2023, section 3.1.1) and do about half of the
+attention part for a long sequence.
 """
 
 from __future__ import annotations

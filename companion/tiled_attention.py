@@ -16,7 +16,8 @@ from the saved ``(m, l)``. What this module does is FlashAttention-2 (Dao,
 2023), section 3.1: query blocks in the outer loop, an unnormalised ``o``
 divided by ``l`` once at the end, and only ``L = m + log(l)`` saved for the
 backward pass (forward: algorithm 1; backward: algorithm 2, which recomputes
-each tile's probabilities as ``exp(s - L)``). Like FlashAttention-2 it skips
+each tile's probabilities as ``exp(s - L)``). The returned ``L`` is differentiable
+too: a loss through it adds ``P * dL`` to the score gradient. Like FlashAttention-2 it skips
 the key blocks a causal mask hides entirely. One difference: the backward pass
 below loops over query blocks outside and key blocks inside, where
 FlashAttention-2's algorithm 2 puts the key/value blocks outside.
@@ -85,7 +86,7 @@ def _forward(q, k, v, causal: bool, scale: float, block_q: int, block_k: int):
     return out, lse
 
 
-def _backward(q, k, v, out, lse, grad_out, causal, scale, block_q, block_k):
+def _backward(q, k, v, out, lse, grad_out, grad_lse, causal, scale, block_q, block_k):
     acc = torch.promote_types(q.dtype, torch.float32)
     t, s = q.shape[-2], k.shape[-2]
     offset = s - t
@@ -93,6 +94,9 @@ def _backward(q, k, v, out, lse, grad_out, causal, scale, block_q, block_k):
     dk = torch.zeros_like(k, dtype=acc)
     dv = torch.zeros_like(v, dtype=acc)
     delta = (grad_out.to(acc) * out.to(acc)).sum(-1)  # (..., T): rowsum(dO * O)
+    if grad_lse is not None:
+        # L_i = logsumexp_j s_ij gives dL_i / ds_ij = P_ij: the lse term joins the softmax's, ds = P (dP - delta + dL).
+        delta = delta - torch.where(torch.isfinite(lse), grad_lse.to(acc), torch.zeros_like(delta))
     for i0 in range(0, t, block_q):
         qi = q[..., i0:i0 + block_q, :].to(acc)
         bq = qi.shape[-2]
@@ -111,7 +115,7 @@ def _backward(q, k, v, out, lse, grad_out, causal, scale, block_q, block_k):
                 p = p.masked_fill(cols > rows, 0.0)
             dv[..., j0:j0 + kj.shape[-2], :] += p.transpose(-1, -2) @ do_i
             dp = do_i @ vj.transpose(-1, -2)  # (..., bq, bk)
-            ds = p * (dp - delta[..., i0:i0 + bq].unsqueeze(-1))  # softmax backward
+            ds = p * (dp - delta[..., i0:i0 + bq].unsqueeze(-1))  # softmax (and log-sum-exp) backward
             dq[..., i0:i0 + bq, :] += ds @ kj * scale
             dk[..., j0:j0 + kj.shape[-2], :] += ds.transpose(-1, -2) @ qi * scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -130,7 +134,7 @@ class TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, out, lse, grad_out, *ctx.args)
+        dq, dk, dv = _backward(q, k, v, out, lse, grad_out, grad_lse, *ctx.args)
         return dq, dk, dv, None, None, None, None
 
 

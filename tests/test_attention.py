@@ -382,3 +382,21 @@ def test_is_causal_combines_once_with_a_padding_mask_and_a_bias(backend):
     want = _reference(q_new, k, v, causal_mask(2, 6), bias[..., 4:, :])
     got = scaled_dot_product_attention(q_new, k, v, bias=bias[..., 4:, :], is_causal=True, backend=backend)
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_manual_path_keeps_two_score_sized_tensors_when_no_row_is_empty():
+    # A mask with no empty row: the manual path holds the scores and the weights, no third (T, S) copy;
+    # a mask that empties a row still zeroes it (the copy is then made).
+    from companion.memory import peak_tensor_bytes
+
+    t, d = 256, 8
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, t, d, generator=g) for _ in range(3))
+    mask = causal_mask(t)
+    out, peak = peak_tensor_bytes(lambda: scaled_dot_product_attention(q, k, v, mask, backend="manual"))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert peak < 2.5 * t * t * 4, peak / (t * t * 4)
+    mask_empty = mask.clone()
+    mask_empty[3] = False
+    out = scaled_dot_product_attention(q, k, v, mask_empty, backend="manual")
+    assert torch.equal(out[0, 0, 3], torch.zeros(d))

@@ -80,6 +80,30 @@ def test_gradcheck_with_a_kv_offset():
                                     (q, k, v))
 
 
+@pytest.mark.parametrize("causal,t,s", [(False, 5, 7), (True, 7, 7), (True, 6, 3)])
+def test_a_loss_through_the_log_sum_exp_gets_its_gradient(causal, t, s):
+    # d lse_i / d s_ij = P_ij: before the fix a loss through the returned lse got a zero gradient.
+    # (True, 6, 3): causal with S < T, the first 3 queries see no key (lse -inf, no gradient).
+    q, k, v = (x.double().requires_grad_() for x in _qkv(1, 2, t, s, 4, seed=t + s))
+    w = torch.randn(1, 2, t, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    seen = slice(max(t - s, 0), None) if causal else slice(None)
+
+    def loss(out, lse):  # both outputs; the naive reference gets only the queries that see a key (no NaN rows)
+        return (out[..., -out.shape[-2]:, :] * w[..., seen, :]).sum() + (lse[..., -lse.shape[-1]:] ** 2).sum()
+
+    out, lse = tiled_attention(q, k, v, causal=causal, block_q=2, block_k=3, return_lse=True)
+    got = torch.autograd.grad(loss(out[..., seen, :], lse[..., seen]), (q, k, v))
+    want = torch.autograd.grad(loss(*_naive(q[..., seen, :], k, v, causal)), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    lse_only = torch.autograd.grad(tiled_attention(q, k, v, causal=causal, block_q=2, block_k=3,
+                                                   return_lse=True)[1][..., seen].sum(), q)[0]
+    assert lse_only.abs().max() > 0.1  # not the zero gradient of before
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: tiled_attention(a, b, c, causal=causal, block_q=2, block_k=3, return_lse=True)[1][..., seen],
+        (q, k, v))
+
+
 def test_bad_inputs_say_what_is_wrong():
     q, k, v = _qkv(1, 1, 4, 4, 8, seed=0)
     with pytest.raises(ValueError, match="block_q"):
