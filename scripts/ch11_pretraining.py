@@ -9,7 +9,12 @@ initialisation, and after ``--pretrain-steps`` steps of span corruption on windo
 corpus (:func:`companion.text_to_text_t5.pretrain_span_corruption`: characters, 15% noise in spans of
 mean length 3, T5's algorithm). Both runs of a seed start from the same initial weights, see the
 same multi-task stream and are scored on the same held-out inputs. The runs go one after another;
-the record is rewritten after each, so an interrupted protocol keeps the runs it finished.
+the record is rewritten after each, so an interrupted protocol keeps the runs it finished
+(``protocol.seeds_completed`` lists the seeds with both runs).
+
+Recorded run: seeds 0 and 1 of the three (the first invocation was stopped during seed 2: on the
+shared 2-core machine this process had about a quarter of a core, and the third seed did not fit in
+the session's time). ``--seeds 2 --append`` adds the third seed to the record.
 
 Writes ``companion/checkpoints/ch11_pretraining.json`` (protocol, and per run: held-out exact match
 per task, learning curve, pre-training loss, wall and CPU seconds); Chapter 11 reads it.
@@ -41,6 +46,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=32, help="characters per pre-training window")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "companion" / "checkpoints" / "ch11_pretraining.json")
+    parser.add_argument("--append", action="store_true",
+                        help="add the runs of --seeds to the record already in --out (same protocol otherwise)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -56,6 +63,13 @@ def main() -> None:
                       recipe={k: v for k, v in dataclasses.asdict(base).items() if k != "train"},
                       train=dataclasses.asdict(train_cfg), pretrain=dataclasses.asdict(pre_cfg)),
         runs=[])
+    if args.append:  # continue a protocol: the same settings, more seeds
+        old = json.loads(args.out.read_text(encoding="utf-8"))
+        mismatch = {k for k in record["protocol"] if k != "seeds" and old["protocol"].get(k) != json.loads(json.dumps(record["protocol"][k]))}
+        if mismatch:
+            raise SystemExit(f"--append: the record in {args.out} was made with other settings: {sorted(mismatch)}")
+        record["runs"] = [r for r in old["runs"] if r["seed"] not in args.seeds]
+        record["protocol"]["seeds"] = sorted(set(old["protocol"]["seeds"]) | set(args.seeds))
     for seed in args.seeds:
         recipe = dataclasses.replace(base, seed=seed, train=train_cfg)
         for pretrained in (False, True):
@@ -69,6 +83,8 @@ def main() -> None:
                        pretrain=None if pre is None else pre["record"],
                        wall_time_s=round(time.perf_counter() - w0, 1), cpu_time_s=round(time.process_time() - c0, 1))
             record["runs"].append(run)
+            done = {r["seed"] for r in record["runs"] if r["pretrained"]} & {r["seed"] for r in record["runs"] if not r["pretrained"]}
+            record["protocol"]["seeds_completed"] = sorted(done)  # both runs recorded
             args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
             print(json.dumps({k: run[k] for k in ("seed", "pretrained", "exact_match", "wall_time_s", "cpu_time_s")}),
                   flush=True)
