@@ -12,9 +12,8 @@ same multi-task stream and are scored on the same held-out inputs. The runs go o
 the record is rewritten after each, so an interrupted protocol keeps the runs it finished
 (``protocol.seeds_completed`` lists the seeds with both runs).
 
-Recorded run: seeds 0 and 1 of the three (the first invocation was stopped during seed 2: on the
-shared 2-core machine this process had about a quarter of a core, and the third seed did not fit in
-the session's time). ``--seeds 2 --append`` adds the third seed to the record.
+Recorded run: seeds 0 and 1 by ``python scripts/ch11_pretraining.py`` (stopped during seed 2), then
+seed 2 by ``--seeds 2 --append``, which adds seeds to an existing record; one thread, CPU.
 
 Writes ``companion/checkpoints/ch11_pretraining.json`` (protocol, and per run: held-out exact match
 per task, learning curve, pre-training loss, wall and CPU seconds); Chapter 11 reads it.
