@@ -10,6 +10,13 @@ learns all three tasks at once, told apart only by the prefix.
 ships ``companion/checkpoints/ch11_text_to_text.pt`` (weights) and ``.json``
 (config, per-task exact match, learning curve, wall time); the chapter loads
 both with :func:`load_text_to_text`.
+
+:func:`pretrain_span_corruption` first trains the same model by span corruption
+(T5's objective, :mod:`companion.span_corruption`) on windows of the course
+corpus in the same characters; ``train_text_to_text(recipe, model=...)`` then
+continues from it. ``scripts/ch11_pretraining.py`` compares the two starts over
+three seeds and records the runs in ``ch11_pretraining.json``
+(:func:`load_pretraining_record`).
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ from .device import to_device
 from .training import TrainConfig, train
 
 __all__ = ["CharVocab", "TextToTextRecipe", "encode_pairs", "exact_match_by_task", "heldout_pairs", "training_inputs",
-           "round_to_float16", "evaluate_heldout", "train_text_to_text", "load_text_to_text", "CHECKPOINT"]
+           "round_to_float16", "evaluate_heldout", "train_text_to_text", "load_text_to_text", "CHECKPOINT",
+           "corpus_characters", "span_corruption_batch", "pretrain_span_corruption", "load_pretraining_record",
+           "PRETRAINING_RECORD"]
 
 CHECKPOINT = "ch11_text_to_text"
+PRETRAINING_RECORD = "ch11_pretraining"  # scripts/ch11_pretraining.py: with and without span corruption, three seeds
 CHARS = "0123456789 +:abcdefghijklmnopqrstuvwxyz"
 
 
@@ -173,8 +183,78 @@ def evaluate_heldout(model: EncoderDecoder, vocab: CharVocab, recipe: TextToText
     return exact_match_by_task(model, vocab, test)
 
 
+def corpus_characters(vocab: CharVocab, text: str | None = None) -> str:
+    """The course corpus (``companion.corpus``) in ``vocab``'s characters: lower-cased, every other
+    character (punctuation, newlines) turned into a space, runs of spaces collapsed to one."""
+    if text is None:
+        from .corpus import load_text
+        text = load_text()
+    allowed = set(vocab.chars)
+    return " ".join("".join(c if c in allowed else " " for c in text.lower()).split())
+
+
+def span_corruption_batch(vocab: CharVocab, text: str, batch_size: int, length: int, generator: torch.Generator, *,
+                          noise_density: float = 0.15, mean_noise_span_length: float = 3.0):
+    """``(src, src_mask, tgt)`` of ``batch_size`` span-corrupted windows of ``length`` characters of ``text``.
+
+    Each window starts at a random character; :func:`~companion.span_corruption.random_spans_noise_mask`
+    chooses its noise spans and :func:`~companion.span_corruption.span_corrupt` writes the input (spans
+    replaced by ``vocab``'s sentinels) and the target (each sentinel, then its span); both end with EOS.
+    """
+    from .span_corruption import random_spans_noise_mask, span_corrupt
+
+    starts = torch.randint(0, len(text) - length, (batch_size,), generator=generator).tolist()
+    src, tgt = [], []
+    for s in starts:
+        ids = vocab.encode(text[s : s + length], eos=False)
+        mask = random_spans_noise_mask(length, noise_density, mean_noise_span_length, generator=generator)
+        x, y = span_corrupt(ids, mask, len(vocab), vocab.eos_id)
+        src.append(x)
+        tgt.append(y)
+
+    def pad(rows: list[list[int]]) -> torch.Tensor:
+        out = torch.full((len(rows), max(map(len, rows))), vocab.pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r)
+        return out
+
+    s_ = pad(src)
+    return s_, s_ != vocab.pad_id, pad(tgt)
+
+
+def pretrain_span_corruption(recipe: TextToTextRecipe, cfg: TrainConfig, *, length: int = 48,
+                             text: str | None = None, progress: bool = False,
+                             device: str | torch.device | None = None) -> dict[str, Any]:
+    """Build the model of ``recipe`` (seeded as :func:`train_text_to_text` seeds it) and pre-train it by span
+    corruption on windows of ``length`` characters of the course corpus, ``cfg.steps`` steps of
+    ``recipe.batch_size`` windows.
+
+    Returns ``model`` (on the CPU, ready for ``train_text_to_text(recipe, model=...)``), ``vocab`` and
+    ``record`` (steps, final training loss, wall time).
+    """
+    torch.manual_seed(recipe.seed)
+    vocab = CharVocab()
+    model = EncoderDecoder(recipe.model_config(vocab))
+    chars = corpus_characters(vocab, text)
+    gen = torch.Generator().manual_seed(recipe.seed + 3000)
+
+    def loss_fn(m, batch):
+        src, mask, tgt = batch
+        return seq2seq_loss(m, src, tgt, bos_id=m.cfg.decoder_start_id, src_attention_mask=mask)
+
+    t0 = time.perf_counter()
+    hist = train(model, loss_fn, lambda step: span_corruption_batch(vocab, chars, recipe.batch_size, length, gen),
+                 cfg, progress=progress, desc="span corruption", device=device)
+    wall = time.perf_counter() - t0
+    tail = hist.train_loss[-50:]
+    record = dict(steps=cfg.steps, length=length, final_train_loss=round(sum(tail) / len(tail), 4),
+                  wall_time_s=round(wall, 1))
+    return dict(model=model.cpu(), vocab=vocab, record=record)
+
+
 def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progress: bool = False,
-                       device: str | torch.device | None = None) -> dict[str, Any]:
+                       device: str | torch.device | None = None,
+                       model: EncoderDecoder | None = None) -> dict[str, Any]:
     """Train one T5 on the mixture of :data:`companion.text_to_text.TASKS` and evaluate it.
 
     Training draws fresh examples (tasks in turn) from a seeded stream; the
@@ -184,10 +264,15 @@ def train_text_to_text(recipe: TextToTextRecipe = TextToTextRecipe(), *, progres
     curve of per-task exact match on a monitoring set, final held-out exact
     match per task, wall time of the training loop). ``device`` (e.g. ``pick_device()``) trains and
     evaluates there; the model comes back on the CPU. Without it everything runs where it did (the CPU).
+    ``model`` (e.g. from :func:`pretrain_span_corruption`) starts training from its weights instead of a
+    fresh initialisation; the data stream and the held-out sets are the same.
     """
     torch.manual_seed(recipe.seed)
     vocab = CharVocab()
-    model = EncoderDecoder(recipe.model_config(vocab))
+    if model is None:
+        model = EncoderDecoder(recipe.model_config(vocab))
+    elif model.cfg != recipe.model_config(vocab):
+        raise ValueError("model's config differs from recipe.model_config(CharVocab())")
     rng = random.Random(recipe.seed)
     seen_inputs: set[str] = set()
 
@@ -239,3 +324,10 @@ def load_text_to_text() -> tuple[EncoderDecoder, CharVocab, dict[str, Any]]:
     model.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})  # stored as float16
     vocab = CharVocab(ckpt["chars"], ckpt["n_sentinels"])
     return model.eval(), vocab, record
+
+
+def load_pretraining_record() -> dict[str, Any]:
+    """The record of ``scripts/ch11_pretraining.py``: its protocol and one entry per run (seed, pre-trained or not,
+    held-out exact match per task, learning curve, times)."""
+    ref = resources.files("companion.checkpoints") / f"{PRETRAINING_RECORD}.json"
+    return json.loads(ref.read_text(encoding="utf-8"))

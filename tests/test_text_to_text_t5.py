@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from importlib import resources
 
 import pytest
 import torch
 
 from companion.checkpoints import checkpoint_names
 from companion.text_to_text import TASKS, make_mixture
-from companion.text_to_text_t5 import (CHECKPOINT, CharVocab, TextToTextRecipe, encode_pairs, evaluate_heldout,
-                                       heldout_pairs, load_text_to_text, train_text_to_text, training_inputs)
+from companion.text_to_text_t5 import (CHECKPOINT, PRETRAINING_RECORD, CharVocab, TextToTextRecipe, corpus_characters,
+                                       encode_pairs, evaluate_heldout, heldout_pairs, load_pretraining_record,
+                                       load_text_to_text, pretrain_span_corruption, span_corruption_batch,
+                                       train_text_to_text, training_inputs)
 from companion.training import TrainConfig
 
 
@@ -67,3 +70,48 @@ def test_shipped_checkpoint_reproduces_its_recorded_exact_match():
     got = evaluate_heldout(model, vocab, recipe)
     for task in TASKS:  # the same held-out examples and weights; a few argmax ties may flip on another CPU
         assert abs(got[task] - record["exact_match"][task]) <= 0.01, task
+
+
+def test_corpus_characters_keep_only_the_vocabulary():
+    vocab = CharVocab()
+    text = corpus_characters(vocab, "The \"assert\" statement:\n\n  x = 1  ")
+    assert text == "the assert statement: x 1"
+    assert set(corpus_characters(vocab)) <= set(vocab.chars)
+
+
+def test_span_corruption_batch_hides_spans_behind_sentinels():
+    vocab = CharVocab()
+    text = "abcdefghij klmnopqrst uvwxyz 0123456789 " * 4
+    src, mask, tgt = span_corruption_batch(vocab, text, 5, 20, torch.Generator().manual_seed(0))
+    assert src.shape[0] == tgt.shape[0] == 5 and mask.dtype == torch.bool
+    for s, t in zip(src, tgt):
+        x, y = vocab.decode(s), vocab.decode(t)  # each span: 3 noise characters in 1 span of a 20-character window
+        assert x.count("<extra_id_0>") == 1 and y.startswith("<extra_id_0>") and len(y) == len("<extra_id_0>") + 3
+        start = x.index("<extra_id_0>")
+        assert (x[:start] + y[len("<extra_id_0>"):] + x[start + len("<extra_id_0>"):]) in text  # the span goes back
+
+
+def test_pretraining_then_multitask_starts_from_the_pretrained_weights():
+    recipe = TextToTextRecipe(d_model=16, d_kv=4, n_heads=2, d_ff=32, n_layers=1, batch_size=4, n_heldout=2, n_monitor=2,
+                              train=TrainConfig(steps=2, lr=1e-3, eval_every=2))
+    text = "the quick brown fox jumps over the lazy dog " * 20
+    pre = pretrain_span_corruption(recipe, TrainConfig(steps=3, lr=1e-3, eval_every=3), length=16, text=text)
+    fresh = train_text_to_text(dataclasses.replace(recipe, train=TrainConfig(steps=1, lr=1e-12, eval_every=1)))["model"]
+    assert pre["record"]["steps"] == 3 and pre["record"]["final_train_loss"] > 0
+    assert not torch.equal(pre["model"].tok_emb.weight, fresh.tok_emb.weight)  # pre-training changed the weights
+    out = train_text_to_text(recipe, model=pre["model"])
+    assert out["model"] is pre["model"] and set(out["record"]["exact_match"]) == set(TASKS)
+    with pytest.raises(ValueError, match="config"):
+        train_text_to_text(dataclasses.replace(recipe, d_ff=64), model=pre["model"])
+
+
+@pytest.mark.skipif(not (resources.files("companion.checkpoints") / f"{PRETRAINING_RECORD}.json").is_file(),
+                    reason="scripts/ch11_pretraining.py has not been run")
+def test_pretraining_record_holds_both_runs_of_every_seed():
+    record = load_pretraining_record()
+    seeds = record["protocol"]["seeds_completed"]  # the planned seeds whose two runs are recorded
+    assert set(seeds) <= set(record["protocol"]["seeds"]) and len(seeds) >= 2
+    assert sorted((r["seed"], r["pretrained"]) for r in record["runs"]) == sorted((s, p) for s in seeds for p in (False, True))
+    for run in record["runs"]:
+        assert set(run["exact_match"]) == set(TASKS) and (run["pretrain"] is not None) == run["pretrained"]
+        assert abs(run["mean_exact_match"] - sum(run["exact_match"].values()) / len(TASKS)) < 1e-12

@@ -1,0 +1,93 @@
+"""Chapter 11: does a short span-corruption pre-training help the multi-task run? Three seeds, with and without.
+
+    python scripts/ch11_pretraining.py            # the recorded protocol, 1 thread (about 25 CPU minutes)
+    python scripts/ch11_pretraining.py --seeds 0 --pretrain-steps 20 --steps 20 --out /tmp/p.json   # a quick try
+
+For each seed the same T5 (:class:`companion.text_to_text_t5.TextToTextRecipe` with that seed and
+``--steps`` multi-task steps) is trained on the reverse:/sort:/add: mixture twice: from its random
+initialisation, and after ``--pretrain-steps`` steps of span corruption on windows of the course
+corpus (:func:`companion.text_to_text_t5.pretrain_span_corruption`: characters, 15% noise in spans of
+mean length 3, T5's algorithm). Both runs of a seed start from the same initial weights, see the
+same multi-task stream and are scored on the same held-out inputs. The runs go one after another;
+the record is rewritten after each, so an interrupted protocol keeps the runs it finished
+(``protocol.seeds_completed`` lists the seeds with both runs).
+
+Recorded run: seeds 0 and 1 by ``python scripts/ch11_pretraining.py`` (stopped during seed 2), then
+seed 2 by ``--seeds 2 --append``, which adds seeds to an existing record; one thread, CPU.
+
+Writes ``companion/checkpoints/ch11_pretraining.json`` (protocol, and per run: held-out exact match
+per task, learning curve, pre-training loss, wall and CPU seconds); Chapter 11 reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from companion.text_to_text_t5 import TextToTextRecipe, pretrain_span_corruption, train_text_to_text  # noqa: E402
+from companion.training import TrainConfig  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=1000, help="multi-task steps (both arms)")
+    parser.add_argument("--pretrain-steps", type=int, default=800)
+    parser.add_argument("--length", type=int, default=32, help="characters per pre-training window")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "companion" / "checkpoints" / "ch11_pretraining.json")
+    parser.add_argument("--append", action="store_true",
+                        help="add the runs of --seeds to the record already in --out (same protocol otherwise)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    base = TextToTextRecipe()
+    train_cfg = dataclasses.replace(base.train, steps=args.steps, eval_every=min(base.train.eval_every, args.steps),
+                                    warmup_steps=min(base.train.warmup_steps, args.steps))
+    pre_cfg = TrainConfig(steps=args.pretrain_steps, lr=base.train.lr, warmup_steps=min(100, args.pretrain_steps),
+                          weight_decay=base.train.weight_decay, eval_every=args.pretrain_steps)
+    record = dict(
+        protocol=dict(seeds=args.seeds, multitask_steps=args.steps, pretrain_steps=args.pretrain_steps,
+                      pretrain_window_chars=args.length, noise_density=0.15, mean_noise_span_length=3.0,
+                      batch_size=base.batch_size, heldout_per_task=base.n_heldout, threads=args.threads,
+                      recipe={k: v for k, v in dataclasses.asdict(base).items() if k != "train"},
+                      train=dataclasses.asdict(train_cfg), pretrain=dataclasses.asdict(pre_cfg)),
+        runs=[])
+    if args.append:  # continue a protocol: the same settings, more seeds
+        old = json.loads(args.out.read_text(encoding="utf-8"))
+        mismatch = {k for k in record["protocol"] if k != "seeds" and old["protocol"].get(k) != json.loads(json.dumps(record["protocol"][k]))}
+        if mismatch:
+            raise SystemExit(f"--append: the record in {args.out} was made with other settings: {sorted(mismatch)}")
+        record["runs"] = [r for r in old["runs"] if r["seed"] not in args.seeds]
+        record["protocol"]["seeds"] = sorted(set(old["protocol"]["seeds"]) | set(args.seeds))
+    for seed in args.seeds:
+        recipe = dataclasses.replace(base, seed=seed, train=train_cfg)
+        for pretrained in (False, True):
+            c0, w0 = time.process_time(), time.perf_counter()
+            pre = pretrain_span_corruption(recipe, pre_cfg, length=args.length) if pretrained else None
+            out = train_text_to_text(recipe, model=None if pre is None else pre["model"])
+            rec = out["record"]
+            run = dict(seed=seed, pretrained=pretrained, exact_match=rec["exact_match"],
+                       mean_exact_match=sum(rec["exact_match"].values()) / len(rec["exact_match"]),
+                       curve=rec["curve"], final_train_loss=rec["final_train_loss"],
+                       pretrain=None if pre is None else pre["record"],
+                       wall_time_s=round(time.perf_counter() - w0, 1), cpu_time_s=round(time.process_time() - c0, 1))
+            record["runs"].append(run)
+            done = {r["seed"] for r in record["runs"] if r["pretrained"]} & {r["seed"] for r in record["runs"] if not r["pretrained"]}
+            record["protocol"]["seeds_completed"] = sorted(done)  # both runs recorded
+            args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            print(json.dumps({k: run[k] for k in ("seed", "pretrained", "exact_match", "wall_time_s", "cpu_time_s")}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
