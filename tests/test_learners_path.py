@@ -17,8 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = sorted((ROOT / "book").glob("ch*.ipynb"))
 HIDDEN = {"remove-cell", "remove-input"}
 MAX_SEED_MENTIONS = 4
-# Chapters whose rewrite for issue 30 has not landed yet: skipped, and named in the skip reason.
-PENDING: set[str] = set()
 
 # A mention of a seed post: "seed 001", "seed posts", "seeds 000 and 003", "the seed's code", ...
 # (not a random seed: "three seeds", "seed everything", "over five seeds" are not matched).
@@ -33,8 +31,6 @@ CORRECTION = re.compile(r"^(:{3,})\{admonition\}\s*Correction.*?^\1\s*$", re.S |
 
 
 def cells(path):
-    if path.stem in PENDING:
-        pytest.skip(f"{path.stem}: its learner's-path rewrite (issue 30) has not landed yet")
     return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
