@@ -88,6 +88,14 @@ class CharVocab:
         return "".join(out)
 
 
+def _right_pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Lists of ids as one (B, L) tensor, right-padded with ``pad_id`` to the longest row."""
+    out = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
 def encode_pairs(vocab: CharVocab, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(src, src_mask, tgt)``: inputs and targets with EOS, right-padded with 0; each ``(B, L)``."""
     if not pairs:
@@ -95,14 +103,8 @@ def encode_pairs(vocab: CharVocab, pairs: list[tuple[str, str]]) -> tuple[torch.
     src = [vocab.encode(x) for x, _ in pairs]
     tgt = [vocab.encode(y) for _, y in pairs]
 
-    def pad(rows: list[list[int]]) -> torch.Tensor:
-        out = torch.full((len(rows), max(map(len, rows))), vocab.pad_id, dtype=torch.long)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = torch.tensor(r)
-        return out
-
-    s = pad(src)
-    return s, s != vocab.pad_id, pad(tgt)
+    s = _right_pad(src, vocab.pad_id)
+    return s, s != vocab.pad_id, _right_pad(tgt, vocab.pad_id)
 
 
 @torch.no_grad()
@@ -212,14 +214,8 @@ def span_corruption_batch(vocab: CharVocab, text: str, batch_size: int, length: 
         src.append(x)
         tgt.append(y)
 
-    def pad(rows: list[list[int]]) -> torch.Tensor:
-        out = torch.full((len(rows), max(map(len, rows))), vocab.pad_id, dtype=torch.long)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = torch.tensor(r)
-        return out
-
-    s_ = pad(src)
-    return s_, s_ != vocab.pad_id, pad(tgt)
+    s = _right_pad(src, vocab.pad_id)
+    return s, s != vocab.pad_id, _right_pad(tgt, vocab.pad_id)
 
 
 def pretrain_span_corruption(recipe: TextToTextRecipe, cfg: TrainConfig, *, length: int = 48,
