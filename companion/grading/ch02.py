@@ -247,7 +247,7 @@ def _mha_bad_heads(cls):
 register(Exercise(
     id="2.4",
     title="A multi-head self-attention module",
-    targets=("MultiHeadSelfAttention",),
+    targets=("MultiHeadAttention",),
     forbidden=("companion.attention", "companion.models"),  # the reference itself
     cases=(
         Case("has a fused qkv projection and an output projection", 1, _mha_layout),
