@@ -42,7 +42,7 @@ from ..positional import rope_cos_sin
 from ._hf import copy_by_name_map, fuse_rows, hf_source, read_hf_folder
 
 __all__ = [
-    "LlamaConfig", "LlamaAttention", "LlamaBlock", "Llama",
+    "LlamaConfig", "LlamaAttention", "LlamaBlock", "Llama", "llama_param_formula",
     "HF_MODEL_TYPES", "config_from_hf", "from_hf", "from_pretrained",
 ]
 
@@ -228,6 +228,27 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, mask, is_causal=True, rope=rope, cache=cache)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+
+# --------------------------------------------------------------------------- parameter count
+
+
+def llama_param_formula(cfg: LlamaConfig) -> int:
+    """Closed-form parameter count of :class:`Llama` for ``cfg``.
+
+    Per block (D = d_model, H, Hkv, Dh, F = d_ff): attention ``D (H + 2 Hkv) Dh`` for q, k, v
+    (plus ``(H + 2 Hkv) Dh`` biases with ``qkv_bias``) and ``H Dh D`` for the output;
+    ``2 Dh`` for Qwen3's q/k norms; SwiGLU ``3 D F``; two RMSNorms ``2 D``. Plus the token
+    table ``V D``, the final RMSNorm ``D`` and, if untied, the head ``V D``.
+    """
+    if not isinstance(cfg, LlamaConfig):
+        raise TypeError(f"cfg must be a LlamaConfig, got {type(cfg).__name__}")
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    qkv_rows = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head
+    attention = d * qkv_rows + (qkv_rows if cfg.qkv_bias else 0) + cfg.n_heads * cfg.d_head * d
+    attention += 2 * cfg.d_head if cfg.qk_norm else 0
+    block = attention + 3 * d * f + 2 * d
+    return v * d + cfg.n_layers * block + d + (0 if cfg.tie_embeddings else v * d)
 
 
 # --------------------------------------------------------------------------- Hugging Face loading
