@@ -21,7 +21,7 @@ from companion.calculators import count_parameters  # noqa: E402
 from companion.generation import generate  # noqa: E402
 from companion.kv_cache import KVCache  # noqa: E402
 from companion.models.llama import (  # noqa: E402
-    Llama, LlamaConfig, config_from_hf, from_hf, from_pretrained,
+    Llama, Llama3RopeScaling, LlamaConfig, config_from_hf, from_hf, from_pretrained,
 )
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -228,17 +228,49 @@ def test_from_pretrained_refuses_what_it_cannot_load(tmp_path, monkeypatch):
         from_pretrained("companion-tests/no-such-llama")
 
 
+def _with_rope_scaling(cfg, scaling: dict):
+    """``cfg`` with a rotary scaling, where this release of transformers keeps it."""
+    if isinstance(getattr(cfg, "rope_parameters", None), dict):  # transformers 5
+        cfg.rope_parameters = {**cfg.rope_parameters, **scaling}
+    else:  # transformers 4
+        cfg.rope_scaling = scaling
+    return cfg
+
+
+# Llama 3.1's rule on a small model: of the three frequencies of Dh = 6 at base 5,000 (wavelengths of
+# about 6, 107 and 1,837 positions), one is kept, one smoothed and one divided by the factor.
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 200}
+
+
+def test_llama3_rope_scaling_equals_hugging_face():
+    from companion.positional import llama3_rope_frequencies, rope_frequencies
+
+    _, model_cls = _classes("llama")
+    torch.manual_seed(0)
+    reference = _hf_model("llama", seed=9)
+    hf = model_cls(_with_rope_scaling(_hf_config("llama"), LLAMA3)).eval()
+    hf.load_state_dict(reference.state_dict())
+    ours = from_hf(hf)
+    scaling = ours.cfg.rope_scaling
+    assert (scaling.factor, scaling.original_max_positions) == (4.0, 200)
+    plain, scaled = rope_frequencies(6, base=5000.0), llama3_rope_frequencies(6, base=5000.0, **{
+        "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_positions": 200})
+    assert scaled[0] == plain[0] and scaled[2] == plain[2] / 4 and plain[1] / 4 < scaled[1] < plain[1]
+    idx = _ids((2, 40), seed=10)
+    with torch.no_grad():
+        want = hf(idx).logits
+        torch.testing.assert_close(ours(idx), want, **TOL)
+        assert (from_hf(reference)(idx) - want).abs().max() > 1e-2  # the scaling changes the logits
+    got = generate(ours, idx[:, :5], 10)
+    assert torch.equal(got, hf.generate(idx[:, :5], attention_mask=torch.ones_like(idx[:, :5]), max_new_tokens=10,
+                                        do_sample=False, min_new_tokens=10))
+
+
 def test_config_from_hf_names_what_it_does_not_implement():
-    config_cls, _ = _classes("llama")
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}
-    cfg = _hf_config("llama")
-    if hasattr(cfg, "rope_parameters"):
-        cfg.rope_parameters = {**cfg.rope_parameters, **llama3}
-    else:
-        cfg.rope_scaling = llama3
-    with pytest.raises(ValueError, match="rope_type='llama3'"):
-        config_from_hf(cfg)
+    with pytest.raises(ValueError, match="rope_type='yarn'"):
+        config_from_hf(_with_rope_scaling(_hf_config("llama"), {"rope_type": "yarn", "factor": 4.0,
+                                                                "original_max_position_embeddings": 32}))
     with pytest.raises(ValueError, match="attention_bias=True"):
         config_from_hf(_hf_config("llama", attention_bias=True))
     with pytest.raises(ValueError, match="mlp_bias=True"):
@@ -259,6 +291,9 @@ def test_config_from_hf_names_what_it_does_not_implement():
     old.rope_scaling = {"type": "yarn", "factor": 4.0}
     with pytest.raises(ValueError, match="rope_type='yarn'"):
         config_from_hf(old)
+    old.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}  # Llama 3.1's own values
+    assert config_from_hf(old).rope_scaling == Llama3RopeScaling()
 
 
 def test_bad_configs_raise_clear_errors():
@@ -280,6 +315,10 @@ def test_bad_configs_raise_clear_errors():
         LlamaConfig(**base, norm_eps=0.0)
     with pytest.raises(TypeError, match="qk_norm must be a bool"):
         LlamaConfig(**base, qk_norm=1)
+    with pytest.raises(TypeError, match="rope_scaling must be None or a Llama3RopeScaling"):
+        LlamaConfig(**base, rope_scaling={"factor": 8.0})
+    with pytest.raises(ValueError, match="high_freq_factor must exceed low_freq_factor, got 1.0 and 2.0"):
+        Llama3RopeScaling(low_freq_factor=2.0, high_freq_factor=1.0)
     with pytest.raises(TypeError, match="cfg must be a LlamaConfig"):
         Llama(base)
     # replace: a derived d_head and a multi-head n_kv_heads follow the new sizes
