@@ -206,6 +206,43 @@ def test_from_pretrained_reads_a_saved_folder(tmp_path, family, tied):
         torch.testing.assert_close(from_hf(str(tmp_path))(idx), direct(idx), atol=0.0, rtol=0.0)
 
 
+def test_from_pretrained_takes_a_hub_name_through_transformers(monkeypatch):
+    """No network in the tests: transformers' two calls are replaced by the random model they would return."""
+    hf = _hf_model("qwen3", seed=11, tie_word_embeddings=True)
+    calls = []
+
+    def config_from_hub(name, **kw):
+        calls.append(("config", name))
+        return hf.config
+
+    def model_from_hub(name, **kw):
+        calls.append(("model", name))
+        return hf
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", config_from_hub)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model_from_hub)
+    loaded = from_pretrained("Qwen/Qwen3-0.6B")
+    assert calls == [("config", "Qwen/Qwen3-0.6B"), ("model", "Qwen/Qwen3-0.6B")]
+    idx = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(idx), hf(idx).logits, **TOL)
+    # a model of another kind is refused from its config, before its weights are downloaded
+    calls.clear()
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda name, **kw: calls.append(("config", name)) or transformers.GPT2Config())
+    with pytest.raises(TypeError, match="got model_type='gpt2'"):
+        from_pretrained("openai-community/gpt2")
+    assert calls == [("config", "openai-community/gpt2")]
+
+
+def test_from_hf_copies_a_half_precision_model_into_float32():
+    hf = _hf_model("llama", seed=12).to(torch.bfloat16)
+    ours = from_hf(hf)
+    assert {p.dtype for p in ours.parameters()} == {torch.float32}
+    torch.testing.assert_close(ours.blocks[1].ffn.down.weight, hf.model.layers[1].mlp.down_proj.weight.float(),
+                               atol=0.0, rtol=0.0)
+
+
 def test_from_pretrained_refuses_what_it_cannot_load(tmp_path, monkeypatch):
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=11, n_positions=8, n_embd=8, n_layer=1,
                                                                 n_head=2))

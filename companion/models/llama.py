@@ -393,7 +393,8 @@ def from_hf(source) -> Llama:
 
     The separate ``q_proj``, ``k_proj``, ``v_proj`` are stacked into the fused ``qkv``
     (rows of q, then k, then v, biases likewise); every other tensor is copied by name,
-    and anything missing, left over or of the wrong shape is reported by name.
+    and anything missing, left over or of the wrong shape is reported by name. The
+    model is float32 whatever the source's dtype (a bfloat16 checkpoint is widened).
     """
     hf_config, state_dict = hf_source(source)
     model = Llama(config_from_hf(hf_config))
