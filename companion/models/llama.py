@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -396,7 +397,10 @@ def from_hf(source) -> Llama:
     and anything missing, left over or of the wrong shape is reported by name. The
     model is float32 whatever the source's dtype (a bfloat16 checkpoint is widened).
     """
-    hf_config, state_dict = hf_source(source)
+    return _load(*hf_source(source))
+
+
+def _load(hf_config, state_dict: dict[str, torch.Tensor]) -> Llama:
     model = Llama(config_from_hf(hf_config))
     state_dict = fuse_rows(state_dict, ("q_proj", "k_proj", "v_proj"), "qkv", r"\.self_attn$")
     ignore = _HF_IGNORE if model.cfg.tie_embeddings else _HF_IGNORE[:1]
@@ -417,11 +421,11 @@ def from_pretrained(name_or_path: str | Path) -> Llama:
     """
     path = Path(name_or_path)
     if path.is_dir():
-        config, _ = read_hf_folder(path)  # raises for a folder without config.json or weights
+        config, state_dict = read_hf_folder(path)  # raises for a folder without config.json or weights
         if config.get("model_type") not in HF_MODEL_TYPES:
             raise ValueError(f"{path} holds a {config.get('model_type')!r} checkpoint; expected one of "
                              f"{sorted(HF_MODEL_TYPES)}")
-        return from_hf(path)
+        return _load(SimpleNamespace(**config), state_dict)
     if path.exists():
         raise ValueError(f"{path} is a file; expected a folder written by save_pretrained or a hub name")
     try:
