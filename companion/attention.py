@@ -321,19 +321,21 @@ class MultiHeadAttention(_Attention):
             ``1`` multi-query, anything between grouped-query attention.
         scale: multiplies ``q k^T``; default ``1 / sqrt(Dh)`` (T5: 1.0).
         bias: whether the projections have biases.
+        out_bias: whether ``out`` has a bias; default ``bias`` (Qwen2: biases on
+            q, k, v only, ``bias=True, out_bias=False``).
         dropout: dropout on the attention weights during training.
         layer_idx: this layer's slot in a :class:`~companion.kv_cache.KVCache`.
         backend: ``"sdpa"`` (fused kernel) or ``"manual"`` (every step written out).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_head: int | None = None, n_kv_heads: int | None = None,
-                 scale: float | None = None, bias: bool = True, dropout: float = 0.0, layer_idx: int = 0,
-                 backend: Backend = "sdpa") -> None:
+                 scale: float | None = None, bias: bool = True, out_bias: bool | None = None, dropout: float = 0.0,
+                 layer_idx: int = 0, backend: Backend = "sdpa") -> None:
         super().__init__(d_model, n_heads, d_head, n_kv_heads, scale, dropout, layer_idx, backend)
         d_q, d_kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
         self.qkv_widths = (d_q, d_kv, d_kv)  # outputs of W_Q, W_K, W_V in the fused qkv
         self.qkv = nn.Linear(d_model, d_q + 2 * d_kv, bias=bias)
-        self.out = nn.Linear(d_q, d_model, bias=bias)
+        self.out = nn.Linear(d_q, d_model, bias=bias if out_bias is None else out_bias)
 
     def forward(self, x, mask=None, *, is_causal=False, cache=None, **kernel_args):
         """``x`` (B, T, D) -> (B, T, D), every token attending to the tokens of ``x`` (and the cached ones).
@@ -387,12 +389,16 @@ class RotaryAttention(MultiHeadAttention):
 
     The layer of :class:`MultiHeadAttention` (same parameters); ``forward`` takes
     ``rope``, the ``(cos, sin)`` pair of :func:`~companion.positional.rope_cos_sin`
-    for the positions of ``x``.
+    for the positions of ``x`` (the new tokens only when keys are cached), in the
+    half layout (GPT-NeoX, Hugging Face Llama). With a ``cache``, the keys are
+    cached already rotated: a key's rotation depends on its own position only.
     """
 
-    def forward(self, x, mask=None, *, rope, is_causal=False, **kernel_args):
+    def forward(self, x, mask=None, *, rope, is_causal=False, cache=None, **kernel_args):
         q, k, v = self.heads(x)  # (B, H, T, Dh), 2 x (B, Hkv, T, Dh)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # position enters the scores as a rotation
+        if cache is not None:
+            k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, S, Dh): cached + new
         return self.out(self._attention(q, k, v, mask, is_causal=is_causal, **kernel_args))  # (B, T, D)
 
 

@@ -9,7 +9,9 @@ counts while a small real model runs.
 Configs understood (one per family, plus T5's sizes):
 
 * encoder-only: :class:`companion.models.bert.BertConfig` (BERT, RoBERTa, ALBERT, ELECTRA);
-* decoder-only: :class:`companion.models.gpt.GPTConfig` (GPT-1, GPT-2, GPT-3);
+* decoder-only: :class:`companion.models.gpt.GPTConfig` (GPT-1, GPT-2, GPT-3) and
+  :class:`companion.models.llama.LlamaConfig` (Llama, Qwen2, Qwen3: grouped-query
+  attention, a head size independent of the width, SwiGLU);
 * encoder-decoder: :class:`companion.models.transformer.TransformerConfig`
   (Chapter 4) and :class:`T5Sizes` (T5; :func:`t5_sizes_from_hf` reads a Hugging
   Face ``T5Config``, and any config with the same field names works).
@@ -43,6 +45,7 @@ from torch import nn
 from .models.bert import BertConfig
 from .models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from .models.gpt import GPTConfig, gpt_param_formula
+from .models.llama import LlamaConfig, llama_param_formula
 from .models.transformer import TransformerConfig
 
 __all__ = [
@@ -111,7 +114,7 @@ def t5_sizes_from_hf(hf_config) -> T5Sizes:
         raise TypeError(f"expected a T5Config-like object, got {type(hf_config).__name__}: {err}") from None
 
 
-_CONFIGS = (BertConfig, GPTConfig, TransformerConfig, T5Sizes)
+_CONFIGS = (BertConfig, GPTConfig, LlamaConfig, TransformerConfig, T5Sizes)
 
 
 def _check_config(cfg: object) -> None:
@@ -156,13 +159,15 @@ def _t5_parameters(cfg: T5Sizes) -> int:
     return cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + encoder + decoder
 
 
-def parameter_count(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes | EncoderDecoderConfig, *,
+def parameter_count(cfg: BertConfig | GPTConfig | LlamaConfig | TransformerConfig | T5Sizes | EncoderDecoderConfig, *,
                     pooler: bool = True) -> int:
     """Number of distinct parameters of the model ``cfg`` describes (a shared matrix counts once).
 
     ``BertConfig``: :class:`~companion.models.bert.BertModel` (``pooler`` adds BERT's
     D x D pooler); ``GPTConfig``: :class:`~companion.models.gpt.GPT`
-    (:func:`~companion.models.gpt.gpt_param_formula`); ``TransformerConfig``: Chapter 4's
+    (:func:`~companion.models.gpt.gpt_param_formula`); ``LlamaConfig``:
+    :class:`~companion.models.llama.Llama` (:func:`~companion.models.llama.llama_param_formula`);
+    ``TransformerConfig``: Chapter 4's
     :class:`~companion.models.transformer.Transformer`; ``T5Sizes``: Hugging Face's
     ``T5ForConditionalGeneration``; ``EncoderDecoderConfig``: Chapter 11's
     :class:`~companion.models.encoder_decoder.EncoderDecoder`, built on the ``meta``
@@ -178,6 +183,8 @@ def parameter_count(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes | 
         return _bert_parameters(cfg, pooler)
     if isinstance(cfg, GPTConfig):
         return gpt_param_formula(cfg)
+    if isinstance(cfg, LlamaConfig):
+        return llama_param_formula(cfg)
     if isinstance(cfg, TransformerConfig):
         return _transformer_parameters(cfg)
     return _t5_parameters(cfg)
@@ -186,9 +193,15 @@ def parameter_count(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes | 
 # --------------------------------------------------------------------------- FLOPs
 
 
-def _stack_flops(tokens: int, keys: int, n_layers: int, d_model: int, d_attn: int, ffn_weights: int) -> int:
-    """Matrix FLOPs of ``n_layers`` self-attention blocks on ``tokens`` tokens that each see ``keys`` keys."""
-    per_token = 2 * (4 * d_model * d_attn + ffn_weights) + 4 * d_attn * keys
+def _stack_flops(tokens: int, keys: int, n_layers: int, d_model: int, d_attn: int, ffn_weights: int,
+                 d_kv: int | None = None) -> int:
+    """Matrix FLOPs of ``n_layers`` self-attention blocks on ``tokens`` tokens that each see ``keys`` keys.
+
+    ``d_attn = H Dh`` is the width of the queries and of the output projection's input,
+    ``d_kv = Hkv Dh`` that of the keys and values (default ``d_attn``: multi-head).
+    """
+    d_kv = d_attn if d_kv is None else d_kv
+    per_token = 2 * (2 * d_model * d_attn + 2 * d_model * d_kv + ffn_weights) + 4 * d_attn * keys
     return n_layers * tokens * per_token
 
 
@@ -197,12 +210,14 @@ def _cross_flops(tgt: int, src: int, n_layers: int, d_model: int, d_attn: int) -
     return n_layers * (tgt * (2 * 2 * d_model * d_attn + 4 * d_attn * src) + src * 2 * 2 * d_model * d_attn)
 
 
-def forward_flops(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes, seq_len: int, *,
+def forward_flops(cfg: BertConfig | GPTConfig | LlamaConfig | TransformerConfig | T5Sizes, seq_len: int, *,
                   src_len: int | None = None, pooler: bool = True) -> int:
     """Matrix-multiply FLOPs of one forward pass over one sequence (batch size 1).
 
-    Encoder (``BertConfig``, :class:`BertModel`) and decoder (``GPTConfig``, :class:`GPT`
-    with its LM head): ``seq_len`` tokens, each attending to ``seq_len`` keys. Encoder-decoder
+    Encoder (``BertConfig``, :class:`BertModel`) and decoder (``GPTConfig``, :class:`GPT`,
+    and ``LlamaConfig``, :class:`Llama`, with their LM heads): ``seq_len`` tokens, each
+    attending to ``seq_len`` keys; grouped-query attention makes the key and value
+    projections ``n_kv_heads / n_heads`` as large (the scores cost the same). Encoder-decoder
     (``TransformerConfig``, ``T5Sizes``): ``src_len`` source tokens through the encoder
     and ``seq_len`` target tokens through the decoder and the LM head (teacher forcing).
     Per token this is about ``2 x (matrix parameters) + 4 n_layers d_attn seq_len``.
@@ -223,7 +238,13 @@ def forward_flops(cfg: BertConfig | GPTConfig | TransformerConfig | T5Sizes, seq
         return total + (2 * d * d if pooler else 0)  # the pooler reads [CLS] only
     if isinstance(cfg, GPTConfig):
         d = cfg.d_model
-        total = _stack_flops(seq_len, seq_len, cfg.n_layers, d, d, 2 * d * cfg.ff_size)
+        d_kv = (cfg.n_heads if cfg.n_kv_heads is None else cfg.n_kv_heads) * cfg.d_head
+        total = _stack_flops(seq_len, seq_len, cfg.n_layers, d, d, 2 * d * cfg.ff_size, d_kv)
+        return total + 2 * seq_len * d * cfg.vocab_size  # LM head
+    if isinstance(cfg, LlamaConfig):
+        d = cfg.d_model
+        total = _stack_flops(seq_len, seq_len, cfg.n_layers, d, cfg.n_heads * cfg.d_head, 3 * d * cfg.d_ff,
+                             cfg.n_kv_heads * cfg.d_head)  # SwiGLU: three D x F matrices
         return total + 2 * seq_len * d * cfg.vocab_size  # LM head
     if isinstance(cfg, TransformerConfig):
         d, d_attn, ffn = cfg.d_model, cfg.d_model, 2 * cfg.d_model * cfg.d_ff
@@ -251,12 +272,13 @@ def mlm_head_flops(cfg: BertConfig, seq_len: int) -> int:
 # --------------------------------------------------------------------------- memory
 
 
-def generation_kv_cache_bytes(cfg: GPTConfig | TransformerConfig | T5Sizes, seq_len: int, *,
+def generation_kv_cache_bytes(cfg: GPTConfig | LlamaConfig | TransformerConfig | T5Sizes, seq_len: int, *,
                               src_len: int | None = None, batch_size: int = 1, bytes_per_element: int = 4) -> int:
     """Bytes of the keys and values a model keeps while generating ``seq_len`` tokens.
 
     A decoder caches every layer's keys and values of the ``seq_len`` tokens
-    (:func:`companion.kv_cache.kv_cache_bytes`). An encoder-decoder caches its
+    (:func:`companion.kv_cache.kv_cache_bytes`): with grouped-query attention only the
+    ``n_kv_heads`` key/value heads of size ``d_head``. An encoder-decoder caches its
     decoder's self-attention over ``seq_len`` target tokens plus the cross-attention
     keys and values of the ``src_len`` source tokens (computed once). An encoder
     does not generate, so ``BertConfig`` is refused.
@@ -264,10 +286,11 @@ def generation_kv_cache_bytes(cfg: GPTConfig | TransformerConfig | T5Sizes, seq_
     if isinstance(cfg, BertConfig):
         raise TypeError("an encoder-only model does not generate token by token: it has no KV cache")
     _check_config(cfg)
-    if isinstance(cfg, GPTConfig):
+    if isinstance(cfg, (GPTConfig, LlamaConfig)):
         if src_len is not None:
             raise ValueError("src_len is only for encoder-decoders")
-        return kv_cache_bytes(cfg.n_layers, cfg.n_heads, cfg.d_head, seq_len, batch_size=batch_size,
+        n_kv_heads = cfg.n_heads if cfg.n_kv_heads is None else cfg.n_kv_heads  # GPTConfig: None is multi-head
+        return kv_cache_bytes(cfg.n_layers, n_kv_heads, cfg.d_head, seq_len, batch_size=batch_size,
                               bytes_per_element=bytes_per_element)
     if src_len is None:
         raise ValueError("an encoder-decoder needs src_len, the number of source tokens")

@@ -237,18 +237,26 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosines and sines of the rotation angles ``p * theta_i``, each of shape ``(T, Dh)``.
 
-    ``positions`` is an int ``T`` (positions ``0 .. T-1``) or a 1-D integer tensor.
+    ``positions`` is an int ``T`` (positions ``0 .. T-1``), a 1-D integer tensor
+    ``(T,)``, or one row of positions per sequence ``(B, T)`` (left-padded
+    batches); the result then has shape ``(B, T, Dh)``.
     ``layout="half"`` repeats the ``Dh/2`` angles as ``[a, a]`` (GPT-NeoX, HF
     Llama); ``"interleaved"`` as ``[a0, a0, a1, a1, ...]`` (RoFormer, GPT-J).
     """
     if isinstance(positions, int) and not isinstance(positions, bool):
         positions = torch.arange(check_positive_int("positions", positions))
-    ShapeChecker().check("positions", positions, ("T",))
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2:
+        ShapeChecker().check("positions", positions, ("B", "T"))
+    else:
+        ShapeChecker().check("positions", positions, ("T",))
     if layout not in ("half", "interleaved"):
         raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
-    angles = positions.to(torch.float64)[:, None] * rope_frequencies(d_head, base=base).to(positions.device)  # (T, Dh/2)
-    angles = torch.cat((angles, angles), dim=-1) if layout == "half" else angles.repeat_interleave(2, dim=-1)  # (T, Dh)
-    return angles.cos().float(), angles.sin().float()
+    device = positions.device
+    work = torch.device("cpu") if device.type == "mps" else device  # float64 angles; MPS has no float64
+    freqs = rope_frequencies(d_head, base=base).to(work)  # (Dh/2,)
+    angles = positions.to(work, torch.float64)[..., None] * freqs  # (..., T, Dh/2)
+    angles = torch.cat((angles, angles), dim=-1) if layout == "half" else angles.repeat_interleave(2, dim=-1)  # (..., T, Dh)
+    return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -274,7 +282,9 @@ def apply_rope(
 
     Args:
         x: queries or keys, shape ``(..., T, Dh)`` (usually ``(B, H, T, Dh)``).
-        cos, sin: from :func:`rope_cos_sin` with the same ``layout``, shape ``(T, Dh)``.
+        cos, sin: from :func:`rope_cos_sin` with the same ``layout``, shape ``(T, Dh)``,
+            or ``(..., T, Dh)`` broadcastable to ``x`` (one row of positions per
+            sequence: ``(B, 1, T, Dh)`` for ``x`` of shape ``(B, H, T, Dh)``).
         layout: which features form a pair, ``"half"`` or ``"interleaved"``.
 
     Returns:
@@ -286,8 +296,17 @@ def apply_rope(
         raise ValueError(f"x must be a tensor of shape (..., T, Dh), got {getattr(x, 'shape', type(x).__name__)}")
     sc = ShapeChecker()
     sc.check("x[..., T, Dh]", x[(0,) * (x.dim() - 2)], ("T", "Dh"))
-    sc.check("cos", cos, ("T", "Dh"))
-    sc.check("sin", sin, ("T", "Dh"))
+    for name, c in (("cos", cos), ("sin", sin)):
+        if isinstance(c, torch.Tensor) and c.dim() > 2:  # per-sequence angles: (..., T, Dh), broadcast over heads
+            sc.check(f"{name}[..., T, Dh]", c[(0,) * (c.dim() - 2)], ("T", "Dh"))
+            try:
+                fits = torch.broadcast_shapes(c.shape, x.shape) == x.shape
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise ValueError(f"{name} of shape {tuple(c.shape)} does not broadcast to x of shape {tuple(x.shape)}")
+        else:
+            sc.check(name, c, ("T", "Dh"))
     _check_even("Dh", x.shape[-1])
     if layout == "half":
         rotated = rotate_half(x)

@@ -23,6 +23,7 @@ from companion.models.albert import ALBERT_CONFIGS
 from companion.models.bert import BERT_BASE, BertConfig, BertForMaskedLM, BertModel
 from companion.models.electra import ELECTRA_SMALL
 from companion.models.gpt import GPT, GPT1, GPT2_MEDIUM, GPTConfig
+from companion.models.llama import Llama, LlamaConfig
 from companion.models.roberta import ROBERTA_BASE
 from companion.models.transformer import Transformer, TransformerConfig
 
@@ -195,6 +196,53 @@ def test_gpt_kv_cache_bytes_match_a_filled_cache():
     stored = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
                  for k, v in zip(cache.keys, cache.values))
     assert generation_kv_cache_bytes(cfg, 10, batch_size=2) == stored
+
+
+ODD_LLAMAS = [
+    LlamaConfig(vocab_size=97, d_model=36, n_layers=3, n_heads=6, n_kv_heads=2, d_ff=50, max_positions=20),
+    LlamaConfig(vocab_size=61, d_model=20, n_layers=2, n_heads=4, n_kv_heads=1, d_head=8, d_ff=30, max_positions=20,
+                qkv_bias=True, tie_embeddings=True),  # Qwen2-like: q/k/v biases, H Dh = 32 on D = 20
+    LlamaConfig(vocab_size=53, d_model=24, n_layers=2, n_heads=3, d_head=10, d_ff=40, max_positions=20,
+                qk_norm=True),  # Qwen3-like: q/k norms, multi-head
+]
+
+
+@pytest.mark.parametrize("cfg", ODD_LLAMAS)
+def test_llama_parameters_match_meta_module(cfg):
+    with torch.device("meta"):
+        model = Llama(cfg)
+    assert parameter_count(cfg) == n_params(model)
+
+
+@pytest.mark.parametrize("cfg", ODD_LLAMAS)
+@pytest.mark.parametrize("t", [1, 9])
+def test_llama_flops_match_counter(cfg, t):
+    model = Llama(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, t))
+    assert counted_flops(lambda: model(ids)) == forward_flops(cfg, t)
+
+
+def test_gpt_with_grouped_query_attention_flops_and_cache_bytes():
+    cfg = GPTConfig(vocab_size=50, max_positions=16, d_model=24, n_layers=2, n_heads=6, n_kv_heads=2)
+    model = GPT(cfg).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    assert counted_flops(lambda: model(ids)) == 2 * forward_flops(cfg, 7)
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(ids, cache=cache)
+    assert generation_kv_cache_bytes(cfg, 7, batch_size=2) == cache.nbytes()
+    assert generation_kv_cache_bytes(cfg, 7) * 3 == generation_kv_cache_bytes(dataclasses.replace(cfg, n_kv_heads=None), 7)
+
+
+@pytest.mark.parametrize("cfg", ODD_LLAMAS)
+def test_llama_kv_cache_bytes_match_a_filled_cache(cfg):
+    model = Llama(cfg).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, cfg.vocab_size, (2, 9)), cache=cache)
+        model(torch.randint(0, cfg.vocab_size, (2, 1)), cache=cache)
+    assert generation_kv_cache_bytes(cfg, 10, batch_size=2) == cache.nbytes()
+    assert generation_kv_cache_bytes(cfg, 10) == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * 10 * 4
 
 
 def test_encoder_decoder_kv_cache_bytes_match_a_filled_cache():

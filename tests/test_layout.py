@@ -31,6 +31,7 @@ def test_only_the_attention_module_calls_the_attention_kernel_or_defines_lm_loss
 def test_every_model_is_made_of_blocks_and_multi_head_attention():
     from companion.models.gpt import GPT, GPTConfig
     from companion.models.bert import BertConfig, BertForPreTraining
+    from companion.models.llama import Llama, LlamaConfig
     from companion.models.small_lm import SmallLM, SmallLMConfig
     from companion.models.transformer import Transformer, TransformerConfig
 
@@ -42,6 +43,8 @@ def test_every_model_is_made_of_blocks_and_multi_head_attention():
           for p in ("none", "t5", "rope", "alibi")),
         BertForPreTraining(BertConfig(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_positions=8)),
         SmallLM(SmallLMConfig(vocab_size=11, max_positions=8, n_layers=2, d_model=8, n_heads=2, d_ff=16)),
+        Llama(LlamaConfig(vocab_size=11, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=16, max_positions=8,
+                          qk_norm=True)),
     ]
     for model in models:
         blocks = [m for m in model.modules() if isinstance(m, Block)]
@@ -180,6 +183,11 @@ def test_models_name_their_tables_alike():
     for model in causal:
         assert {"tok_emb", "pos_emb", "blocks", "norm_f", "lm_head"} <= dict(model.named_children()).keys(), \
             type(model).__name__
+    from companion.models.llama import Llama, LlamaConfig
+
+    llama = Llama(LlamaConfig(vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_positions=8))
+    assert dict(llama.named_children()).keys() == {"tok_emb", "blocks", "norm_f", "lm_head"}  # RoPE: no position table
+    causal.append(llama)
     seq2seq = [Transformer(TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
                                              n_decoder_layers=1, max_positions=8)),
                EncoderDecoder(t5_config(11, d_model=8, d_kv=4, d_ff=16, n_layers=1, n_heads=2, max_positions=8))]
@@ -213,14 +221,16 @@ def test_package_docstrings_name_every_module():
 
 
 def test_small_causal_lms_check_token_ids_alike():
-    """GPT and SmallLM share one check of token ids (companion._checks.check_token_ids)."""
+    """GPT, SmallLM and Llama share one check of token ids (companion._checks.check_token_ids)."""
     import pytest
 
     from companion.models.gpt import GPT, GPTConfig
+    from companion.models.llama import Llama, LlamaConfig
     from companion.models.small_lm import SmallLM, SmallLMConfig
 
     models = [GPT(GPTConfig(vocab_size=10, max_positions=8, d_model=8, n_layers=1, n_heads=2)),
-              SmallLM(SmallLMConfig(vocab_size=10, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))]
+              SmallLM(SmallLMConfig(vocab_size=10, max_positions=8, n_layers=1, d_model=8, n_heads=2, d_ff=16)),
+              Llama(LlamaConfig(vocab_size=10, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_positions=8))]
     for model in models:
         name = type(model).__name__
         assert model(torch.tensor([[1, 2, 3]]).int()).shape == (1, 3, 10), name

@@ -155,6 +155,15 @@ def _deberta(absolute):
     return build
 
 
+def _llama(**kw):
+    def build():
+        from companion.models.llama import Llama, LlamaConfig
+
+        return Llama(LlamaConfig(**{"vocab_size": 23, "d_model": 16, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+                                    "d_ff": 24, "max_positions": 16, **kw}))
+    return build
+
+
 def _lm_call(model):
     return model(_ids(23))
 
@@ -173,6 +182,10 @@ FORWARDS = [
     Case("GPT-1 (post-LN) config", _gpt1, _lm_call),
     Case("GPT with GQA", lambda: _gpt(n_kv_heads=1), _lm_call),
     Case("GPT with padding", _gpt,
+         lambda m: m(_ids(23), attention_mask=torch.ones(2, 7, dtype=torch.long).to(META))),
+    Case("Llama (GQA)", _llama(), _lm_call),
+    Case("Qwen3 style (q/k norm, Dh not D/H)", _llama(d_head=6, qk_norm=True), _lm_call),
+    Case("Qwen2 style with padding", _llama(qkv_bias=True, tie_embeddings=True),
          lambda m: m(_ids(23), attention_mask=torch.ones(2, 7, dtype=torch.long).to(META))),
     *(Case(f"SmallLM {p}", _small_lm(position=p, activation="gelu", init="torch", head_bias=False), _lm_call)
       for p in ("none", "sinusoidal", "learned", "rope", "t5", "alibi")),  # Chapter 3's models
@@ -295,6 +308,17 @@ def test_padded_generation_stays_on_the_device():
 
     with _meta_values():
         out = generate(_meta_gpt(), _ids(23, (2, 3)), 4, attention_mask=torch.ones(2, 3, dtype=torch.long).to(META))
+    assert out.device == META and out.shape == (2, 7)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_llama_generation_with_its_cache_stays_on_the_device(padded):
+    from companion.generation import generate
+
+    model = _llama(qk_norm=True)().eval().to(META)
+    mask = torch.ones(2, 3, dtype=torch.long).to(META) if padded else None
+    with _meta_values():
+        out = generate(model, _ids(23, (2, 3)), 4, attention_mask=mask)
     assert out.device == META and out.shape == (2, 7)
 
 

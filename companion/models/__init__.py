@@ -11,6 +11,7 @@ Every model module is listed here (``tests/test_layout.py`` checks that this map
 * :mod:`companion.models.electra`: ELECTRA's discriminator and generator on BERT's encoder (Chapter 8)
 * :mod:`companion.models.deberta`: DeBERTa-v2/v3, disentangled attention with relative positions (Chapter 8)
 * :mod:`companion.models.gpt`: GPT-1 and GPT-2 style decoder-only models (Chapter 9)
+* :mod:`companion.models.llama`: today's decoders, Llama, Qwen2 and Qwen3, from the course's parts, and their loaders (Chapter 16)
 * :mod:`companion.models.encoder_decoder`: one configurable encoder-decoder; T5 and BART are configs of it (Chapter 11)
 * :mod:`companion.models.t5`: T5 v1.0/v1.1 configs, sizes and the Hugging Face loader (Chapter 11)
 * :mod:`companion.models.bart`: BART as a config of the same encoder-decoder, and its loader (Chapter 11)
