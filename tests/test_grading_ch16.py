@@ -251,6 +251,145 @@ def test_16_4_grouping_costs_only_the_grouped_cases():
     assert set(lost) == {"H = 6, Hkv = 2: heads grouped in order", "odd sizes (B=3, H=9, Hkv=3, T=11, Dh=5) and one token"}
 
 
+# ----------------------------------------------------------------- 16.5
+
+
+class RMSNormLayer(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return good_rms(x, self.weight, self.eps)
+
+
+class GoodAttention(nn.Module):
+    rotary = staticmethod(good_rotary)
+    attend = staticmethod(good_gqa)
+
+    def __init__(self, cfg, bias=False):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.d_head, self.base = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.rope_base
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=False)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=False)
+        self.out = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+        k = self.k(x).view(b, t, self.n_kv_heads, self.d_head).transpose(1, 2)
+        v = self.v(x).view(b, t, self.n_kv_heads, self.d_head).transpose(1, 2)
+        q, k = self.rotary(q, self.base), self.rotary(k, self.base)
+        return self.out(self.attend(q, k, v).transpose(1, 2).reshape(b, t, -1))
+
+
+class GoodBlock(nn.Module):
+    attention = GoodAttention
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.norm1 = RMSNormLayer(cfg.d_model, cfg.norm_eps)
+        self.self_attn = self.attention(cfg)
+        self.norm2 = RMSNormLayer(cfg.d_model, cfg.norm_eps)
+        self.ffn = GoodSwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.norm1(x))
+        return x + self.ffn(self.norm2(x))
+
+
+class PostNormBlock(GoodBlock):
+    def forward(self, x):
+        x = self.norm1(x + self.self_attn(x))
+        return self.norm2(x + self.ffn(x))
+
+
+class BiasedAttention(GoodAttention):
+    def __init__(self, cfg):
+        super().__init__(cfg, bias=True)
+
+
+class BiasedBlock(GoodBlock):
+    attention = BiasedAttention
+
+
+class HeadFromWidthBlock(GoodBlock):  # d_head = d_model // n_heads whatever the config says
+    def __init__(self, cfg):
+        super().__init__(cfg.replace(d_head=None))
+
+
+class NonCausalAttention(GoodAttention):
+    attend = staticmethod(gqa_not_causal)
+
+
+class NonCausalBlock(GoodBlock):
+    attention = NonCausalAttention
+
+
+class FixedBaseBlock(GoodBlock):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.self_attn.base = 10000.0
+
+
+class NoRopeAttention(GoodAttention):
+    rotary = staticmethod(lambda x, base: x)
+
+
+class NoRopeBlock(GoodBlock):
+    attention = NoRopeAttention
+
+
+class TiledAttention(GoodAttention):
+    attend = staticmethod(gqa_tiled)
+
+
+class TiledBlock(GoodBlock):
+    attention = TiledAttention
+
+
+class FixedEpsBlock(GoodBlock):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.norm1.eps = self.norm2.eps = 1e-6
+
+
+class WithRopeBuffers(GoodBlock):  # cos/sin tables kept as buffers: extra state-dict entries are allowed
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.register_buffer("cos_table", torch.ones(cfg.max_positions, cfg.d_head))
+
+
+def test_16_5_reference():
+    full_marks("16.5", GoodBlock)
+    full_marks("16.5", WithRopeBuffers)
+
+
+def test_16_5_name_map_covers_the_reference_block():
+    from companion.grading.ch16 import BLOCK_NAMES, _block_cfg
+    from companion.models.llama import LlamaBlock
+
+    ref = LlamaBlock(_block_cfg(d_model=36, n_heads=6, n_kv_heads=2, d_ff=53), 0)
+    assert set(BLOCK_NAMES.values()) == set(ref.state_dict())
+    assert set(BLOCK_NAMES) == set(GoodBlock(_block_cfg(d_model=36, n_heads=6, n_kv_heads=2, d_ff=53)).state_dict())
+
+
+@pytest.mark.parametrize("student, words", [
+    (PostNormBlock, ("post-norm",)),
+    (BiasedBlock, ("unexpected self_attn.q.bias", "no bias")),
+    (HeadFromWidthBlock, ("cfg.d_head = 8, not d_model // n_heads = 6",)),
+    (NonCausalBlock, ("not causal",)),
+    (FixedBaseBlock, ("base 10000 instead of cfg.rope_base = 500000",)),
+    (NoRopeBlock, ("not rotated (no RoPE)",)),
+    (TiledBlock, ("differs from the reference",)),
+    (FixedEpsBlock, ("eps = 1e-6 instead of cfg.norm_eps = 1e-05",)),
+])
+def test_16_5_wrong_answers(student, words):
+    loses("16.5", student, *words)
+
+
 # ----------------------------------------------------------------- through the instructor's grader
 
 # The module exercises run in the grader against proxies of the student's objects (another process):
@@ -273,6 +412,62 @@ class SwiGLU(nn.Module):
 class GeluSwiGLU(SwiGLU):
     def forward(self, x):
         return self.down(F.gelu(self.gate(x)) * self.up(x))
+
+def rms_norm(x, weight, eps=1e-6):
+    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+def apply_rotary(x, base=10000.0):
+    t, d = x.shape[-2], x.shape[-1]
+    angles = torch.arange(t, dtype=torch.float64)[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.cat((angles, angles), -1)
+    x1, x2 = x.chunk(2, -1)
+    return x * angles.cos().float() + torch.cat((-x2, x1), -1) * angles.sin().float()
+
+def grouped_query_attention(q, k, v):
+    n = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n, 1), v.repeat_interleave(n, 1)
+    t = q.shape[-2]
+    s = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    return s.softmax(-1) @ v
+
+class Norm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=False)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=False)
+        self.out = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        split = lambda z: z.view(b, t, -1, self.cfg.d_head).transpose(1, 2)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        q, k = apply_rotary(q, self.cfg.rope_base), apply_rotary(k, self.cfg.rope_base)
+        return self.out(grouped_query_attention(q, k, v).transpose(1, 2).reshape(b, t, -1))
+
+class MyLlamaBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.norm1, self.norm2 = Norm(cfg.d_model, cfg.norm_eps), Norm(cfg.d_model, cfg.norm_eps)
+        self.self_attn, self.ffn = Attention(cfg), SwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.norm1(x))
+        return x + self.ffn(self.norm2(x))
+
+class PostNormBlock(MyLlamaBlock):
+    def forward(self, x):
+        x = self.norm1(x + self.self_attn(x))
+        return self.norm2(x + self.ffn(x))
 '''
 
 
@@ -299,3 +494,10 @@ def test_16_3_through_the_worker(session):
     got, points, lost = remote_result(session, "16.3", "GeluSwiGLU")
     assert got == 1 and set(lost) == {"equals the reference with the same weights", "gates with SiLU: not GELU, not ungated"}
     assert "GEGLU" in lost["gates with SiLU: not GELU, not ungated"], lost
+
+
+def test_16_5_through_the_worker(session):
+    got, points, lost = remote_result(session, "16.5", "MyLlamaBlock")
+    assert got == points, lost
+    got, points, lost = remote_result(session, "16.5", "PostNormBlock")
+    assert got == 1 and "post-norm" in lost["equals the reference block with the same weights (GQA, odd sizes)"], lost

@@ -13,6 +13,8 @@ to write (LayerNorm, interleaved pairs, a GELU gate, ``repeat`` instead of
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,7 @@ from torch import nn
 from ..attention import repeat_kv, scaled_dot_product_attention
 from ..blocks import GatedFeedForward, rms_norm
 from ..positional import apply_rope, rope_cos_sin
-from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
+from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
 
 
 def _matches(got, want, atol=1e-4) -> bool:
@@ -291,5 +293,180 @@ register(Exercise(
         Case("H = 6, Hkv = 2: heads grouped in order", 2, lambda s: _gqa_case(s, 1, 6, 2, 9, 8, 2)),
         Case("odd sizes (B=3, H=9, Hkv=3, T=11, Dh=5) and one token", 1,
              lambda s: (_gqa_case(s, 3, 9, 3, 11, 5, 3), _gqa_case(s, 2, 4, 2, 1, 6, 4))),
+    ),
+))
+
+
+# ----------------------------------------------------------------- 16.5 the block
+
+
+# The student's parameter names -> the reference block's (LlamaBlock, whose q, k, v are one fused qkv).
+BLOCK_NAMES = {
+    "norm1.weight": "norm1.weight",
+    "self_attn.q.weight": "self_attn.qkv.weight",  # rows [0, H Dh)
+    "self_attn.k.weight": "self_attn.qkv.weight",  # rows [H Dh, H Dh + Hkv Dh)
+    "self_attn.v.weight": "self_attn.qkv.weight",  # the last Hkv Dh rows
+    "self_attn.out.weight": "self_attn.out.weight",
+    "norm2.weight": "norm2.weight",
+    "ffn.gate.weight": "ffn.gate.weight",
+    "ffn.up.weight": "ffn.up.weight",
+    "ffn.down.weight": "ffn.down.weight",
+}
+
+_BLOCK_SHAPES = {
+    "norm1.weight": "(d_model,)", "norm2.weight": "(d_model,)",
+    "self_attn.q.weight": "(n_heads * d_head, d_model)", "self_attn.k.weight": "(n_kv_heads * d_head, d_model)",
+    "self_attn.v.weight": "(n_kv_heads * d_head, d_model)", "self_attn.out.weight": "(d_model, n_heads * d_head)",
+    "ffn.gate.weight": "(d_ff, d_model)", "ffn.up.weight": "(d_ff, d_model)", "ffn.down.weight": "(d_model, d_ff)",
+}
+
+
+def _block_cfg(**sizes):
+    from ..models.llama import LlamaConfig
+
+    return LlamaConfig(vocab_size=11, n_layers=1, max_positions=64, **sizes)
+
+
+def _reference_block(cfg, seed):
+    """The package's block with random weights (norm weights too, so that a missing norm weight shows)."""
+    from ..models.llama import LlamaBlock
+
+    torch.manual_seed(seed)
+    ref = LlamaBlock(cfg, 0).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return ref
+
+
+def _student_weights(ref, cfg) -> dict[str, torch.Tensor]:
+    """The reference block's weights under the student's names (the fused qkv split into q, k, v)."""
+    sd = ref.state_dict()
+    d_q, d_kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+    q, k, v = sd["self_attn.qkv.weight"].split((d_q, d_kv, d_kv))
+    parts = {"self_attn.q.weight": q, "self_attn.k.weight": k, "self_attn.v.weight": v}
+    return {name: parts.get(name, sd[theirs]).clone() for name, theirs in BLOCK_NAMES.items()}
+
+
+def _load_weights(block, weights):
+    """Run where the student's module lives: copy the weights in (extra buffers, e.g. cos/sin tables, are kept)."""
+    block.load_state_dict(weights, strict=False)
+    block.eval()
+
+
+def _block_with_weights(cls, cfg, seed):
+    """The student's block holding the reference's random weights, and the reference."""
+    block = cls(cfg)
+    ref = _reference_block(cfg, seed)
+    want = _student_weights(ref, cfg)
+    state = block.state_dict()
+    if not isinstance(state, dict):
+        raise CheckFailed(f"block.state_dict() should be a dict, got {type(state).__name__}: is MyLlamaBlock an nn.Module?")
+    missing = [n for n in want if n not in state]
+    extra = [n for n in state if n not in want and n.rpartition(".")[2] in ("weight", "bias")]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        if extra:
+            biases = [n for n in extra if n.endswith(".bias")]
+            parts.append("unexpected " + ", ".join(extra) + (" (Llama's linear layers have no bias)" if biases else ""))
+        raise CheckFailed(f"the block's parameters should be named {', '.join(want)}; " + "; ".join(parts))
+    for name, tensor in want.items():
+        got = tuple(state[name].shape) if isinstance(state[name], torch.Tensor) else type(state[name]).__name__
+        if got != tuple(tensor.shape):
+            hint = ""
+            if name.startswith("self_attn.") and cfg.d_head != cfg.d_model // cfg.n_heads:
+                hint = f"; the head size is cfg.d_head = {cfg.d_head}, not d_model // n_heads = {cfg.d_model // cfg.n_heads}"
+            raise CheckFailed(f"{name} should have shape {_BLOCK_SHAPES[name]} = {tuple(tensor.shape)}, got {got}{hint}")
+    run_student(_load_weights, block, want)
+    return block, ref
+
+
+def _reference_out(ref, cfg, x, *, rope=None, causal=True, norm_first=True, eps=None):
+    t = x.shape[1]
+    rope = rope_cos_sin(t, cfg.d_head, base=cfg.rope_base) if rope is None else rope
+    if eps is not None:  # the wrong epsilon: the same weights in norms with another eps
+        ref = copy.deepcopy(ref)
+        ref.norm1.eps = ref.norm2.eps = eps
+
+    def attn(h):
+        return ref.self_attn(h, None, is_causal=causal, rope=rope)
+
+    with torch.no_grad():
+        if norm_first:
+            h = x + attn(ref.norm1(x))
+            return h + ref.ffn(ref.norm2(h))
+        h = ref.norm1(x + attn(x))  # post-norm: the wrong placement
+        return ref.norm2(h + ref.ffn(h))
+
+
+def _block_compare(block, ref, cfg, x, what):
+    with torch.no_grad():
+        got = block(x)
+    t = x.shape[1]
+    wrong = {
+        "the norms are after the residual additions (post-norm); Llama normalises the input of each sublayer: "
+        "x + attn(norm1(x)), then h + ffn(norm2(h))": _reference_out(ref, cfg, x, norm_first=False),
+        "the attention is not causal: query i must see only keys 0..i": _reference_out(ref, cfg, x, causal=False),
+        "the queries and keys are not rotated (no RoPE): apply_rotary to q and k after splitting the heads":
+            _reference_out(ref, cfg, x, rope=(torch.ones(t, cfg.d_head), torch.zeros(t, cfg.d_head))),
+        f"the rotations use base 10000 instead of cfg.rope_base = {cfg.rope_base:g}":
+            _reference_out(ref, cfg, x, rope=rope_cos_sin(t, cfg.d_head)),
+        f"the norms use eps = 1e-6 instead of cfg.norm_eps = {cfg.norm_eps:g}": _reference_out(ref, cfg, x, eps=1e-6),
+    }
+    want = _reference_out(ref, cfg, x)
+    for text, out in wrong.items():
+        if not _matches(out, want) and _matches(got, out):
+            raise CheckFailed(f"{what}: {text}")
+    expect_tensor(got, want, name=f"the block's output {what}", atol=1e-4)
+
+
+def _block_layout(cls):
+    _block_with_weights(cls, _block_cfg(d_model=36, n_heads=6, n_kv_heads=2, d_ff=53), 0)
+
+
+def _block_gqa(cls):
+    cfg = _block_cfg(d_model=36, n_heads=6, n_kv_heads=2, d_ff=53)
+    block, ref = _block_with_weights(cls, cfg, 1)
+    x = torch.randn(2, 9, 36)
+    _block_compare(block, ref, cfg, x, "(D=36, H=6, Hkv=2, F=53, x of shape (2, 9, 36))")
+
+
+def _block_mqa(cls):
+    cfg = _block_cfg(d_model=24, n_heads=4, n_kv_heads=1, d_head=8, d_ff=31, rope_base=500000.0, norm_eps=1e-5)
+    block, ref = _block_with_weights(cls, cfg, 2)
+    x = torch.randn(1, 7, 24) * 5e-3  # rows with an RMS of 0.005, where eps = 1e-5 matters
+    _block_compare(block, ref, cfg, x, "(D=24, H=4, Hkv=1, Dh=8, rope_base=500000, norm_eps=1e-5, small x)")
+
+
+def _block_causal(cls):
+    cfg = _block_cfg(d_model=24, n_heads=4, n_kv_heads=2, d_ff=29)
+    block, ref = _block_with_weights(cls, cfg, 3)
+    x = torch.randn(1, 8, 24)
+    x2 = x.clone()
+    x2[:, -1] += 3.0  # only the last token changes
+    with torch.no_grad():
+        a, b = block(x), block(x2)
+    expect_true(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == x.shape == b.shape,
+                f"the block should return a tensor of shape {tuple(x.shape)}")
+    changed = (a[:, :-1] - b[:, :-1]).abs().amax().item()
+    expect_true(changed < 1e-5, f"changing the last token changed the outputs at earlier positions by up to {changed:.3g}: "
+                                "the attention lets queries see later keys (it must be causal)")
+    expect_tensor(b, _reference_out(ref, cfg, x2), name="the block's output (D=24, H=4, Hkv=2)", atol=1e-4)
+
+
+register(Exercise(
+    id="16.5",
+    title="The Llama block assembled",
+    targets=("MyLlamaBlock",),
+    forbidden=("companion.models", "companion.blocks", "companion.attention", "companion.positional",
+               "torch.nn.functional.scaled_dot_product_attention"),
+    cases=(
+        Case("parameters named and shaped as the table says", 1, _block_layout),
+        Case("equals the reference block with the same weights (GQA, odd sizes)", 3, _block_gqa),
+        Case("multi-query, a head size apart from the width, another base and eps", 2, _block_mqa),
+        Case("causal: earlier outputs ignore a changed last token", 1, _block_causal),
     ),
 ))
