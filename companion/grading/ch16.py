@@ -21,6 +21,7 @@ from torch import nn
 
 from ..attention import repeat_kv, scaled_dot_product_attention
 from ..blocks import GatedFeedForward, rms_norm
+from ..models.llama import LlamaBlock, LlamaConfig
 from ..positional import apply_rope, rope_cos_sin
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
 
@@ -322,15 +323,11 @@ _BLOCK_SHAPES = {
 
 
 def _block_cfg(**sizes):
-    from ..models.llama import LlamaConfig
-
     return LlamaConfig(vocab_size=11, n_layers=1, max_positions=64, **sizes)
 
 
 def _reference_block(cfg, seed):
     """The package's block with random weights (norm weights too, so that a missing norm weight shows)."""
-    from ..models.llama import LlamaBlock
-
     torch.manual_seed(seed)
     ref = LlamaBlock(cfg, 0).eval()
     with torch.no_grad():
