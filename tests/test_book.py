@@ -201,6 +201,20 @@ def test_every_page_is_built_in_chinese(site):
         assert chinese > latin, f"{page.name}: more English words ({latin}) than Chinese characters ({chinese})"
 
 
+def test_the_chinese_interface_is_chinese(site):
+    """The sidebar's part captions and the prompts of folded code are Chinese on every Chinese page."""
+    english_captions = re.findall(r'caption-text">([^<]+)<', (site / "book" / "intro.html").read_text(encoding="utf-8"))
+    assert "Reference" in english_captions, english_captions
+    for docname in toc_docnames():
+        text = (site / "zh_CN" / f"{docname}.html").read_text(encoding="utf-8")
+        captions = re.findall(r'caption-text">([^<]+)<', text)
+        for caption in english_captions:
+            assert caption not in captions, f"{docname}: the sidebar shows {caption!r} in English"
+        assert "code cell" not in text, f"{docname}: an English prompt on folded code"
+    folded = (site / "zh_CN" / "book" / "ch02_attention.html").read_text(encoding="utf-8")
+    assert "显示代码" in folded and "参考" in re.findall(r'caption-text">([^<]+)<', folded)
+
+
 def test_each_page_links_to_the_same_page_in_the_other_edition(site):
     for docname in toc_docnames():
         for edition, other in ((site, site / "zh_CN"), (site / "zh_CN", site)):

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -106,16 +107,26 @@ def test_the_checker_finds_a_lost_role_a_list_title_a_wrong_term_and_missing_ent
     assert len(problems) == 4
 
 
-def test_the_chinese_configuration_differs_from_the_english_only_in_language(tmp_path):
+def test_the_chinese_configuration_differs_from_the_english_only_in_language_and_interface_words(tmp_path):
     import yaml
 
     english = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     chinese = yaml.safe_load(i18n.zh_config(tmp_path).read_text(encoding="utf-8"))
     assert chinese["sphinx"]["config"].pop("language") == "zh_CN"
+    for name, words in i18n.ZH_INTERFACE.items():
+        assert chinese["sphinx"]["config"].pop(name) == words
     for name, path in chinese["sphinx"].pop("local_extensions").items():
         assert Path(path) == ROOT / english["sphinx"]["local_extensions"][name]
     english["sphinx"].pop("local_extensions")
     assert chinese == english
+
+
+def test_the_book_folds_only_code_so_the_chinese_prompts_fit():
+    """The Chinese prompts say "show/hide code": true only while no page folds an output or a whole cell."""
+    for page in sorted((ROOT / "book").glob("*.ipynb")):
+        for cell in json.loads(page.read_text(encoding="utf-8"))["cells"]:
+            folded = {t for t in cell.get("metadata", {}).get("tags", []) if t in ("hide-output", "hide-cell")}
+            assert not folded, f"{page.name}: a cell tagged {sorted(folded)}; give tools/i18n.py ZH_INTERFACE a prompt for it"
 
 
 def test_the_edition_switch_points_at_the_same_page():

@@ -200,11 +200,17 @@ def check(pages: list[str] | None = None, counts: bool = True) -> list[str]:
     return problems
 
 
+# Interface words that no catalogue holds: myst-nb's prompts on a cell whose code is
+# folded (the book folds only code, with the tag hide-input: tests/test_i18n.py checks).
+ZH_INTERFACE = {"nb_code_prompt_show": "显示代码", "nb_code_prompt_hide": "隐藏代码"}
+
+
 def zh_config(folder: Path) -> Path:
-    """``_config.yml`` with ``language: zh_CN``, written into ``folder``."""
+    """``_config.yml`` with ``language: zh_CN`` and the Chinese interface words, written into ``folder``."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     sphinx = config.setdefault("sphinx", {})
     sphinx.setdefault("config", {})["language"] = LANGUAGE
+    sphinx["config"].update(ZH_INTERFACE)
     # Jupyter Book resolves local extensions against the configuration file's folder.
     sphinx["local_extensions"] = {name: str(ROOT / path) for name, path in sphinx.get("local_extensions", {}).items()}
     path = folder / "_config.zh_CN.yml"

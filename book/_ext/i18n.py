@@ -14,6 +14,9 @@ each page from its catalogue; this extension adds what Sphinx leaves out:
 * glued phrases: a notebook may glue words ("ahead in every seed"), not only
   numbers; the gettext build adds each glued string that holds words to the
   page's catalogue, and the Chinese build shows its translation;
+* the captions of the table of contents' parts (the sidebar of every page is
+  drawn from the root page's toctree nodes, whose captions Sphinx extracts into
+  the root page's catalogue but never translates);
 * the alt text of notebook figures (myst-nb turns an output into an image after
   Sphinx has translated the page, so Sphinx never sees it): the gettext build
   adds each figure's alt text (cell metadata ``mystnb.image.alt``) to the page's
@@ -122,6 +125,30 @@ def translate_alt(app, doctree, docname):
                 pasted.children = [nodes.Text(translated)]
 
 
+def translate_captions(app, doctree):
+    """Chinese build: the captions of the toctree's parts ("Part I: ...") from the page's catalogue.
+
+    Run on ``doctree-read``, before the doctree is stored: the sidebar of every page
+    is built from the stored toctree nodes of the root page.
+    """
+    if _language(app.config) == "en":
+        return
+    from sphinx import addnodes
+    from sphinx.locale import init as init_locale
+
+    toctrees = [n for n in doctree.findall(addnodes.toctree) if n.get("caption")]
+    if not toctrees:
+        return
+    dirs = [str(Path(app.srcdir, d)) for d in app.config.locale_dirs]
+    catalog, found = init_locale(dirs, app.config.language, docname_to_domain(app.env.docname, app.config.gettext_compact))
+    if not found:
+        return
+    for toctree in toctrees:
+        translated = catalog.gettext(toctree["caption"])
+        if translated:
+            toctree["caption"] = translated
+
+
 def _glue_in_translations(role_class, text_role: bool):
     """Make a glue role in a translated string read the page's notebook.
 
@@ -152,6 +179,7 @@ def setup(app):
     _glue_in_translations(roles.PasteTextRole, text_role=True)
     _glue_in_translations(roles.PasteMarkdownRole, text_role=False)
     app.connect("html-page-context", add_switch)
+    app.connect("doctree-read", translate_captions)
     app.connect("doctree-resolved", collect_alt)
     app.connect("doctree-resolved", translate_alt)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
