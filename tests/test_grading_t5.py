@@ -135,3 +135,35 @@ def test_the_instructor_grader_scores_the_solution_and_the_wrong_t5s(remote):
     assert "divides the scores by sqrt(d_kv)" in cases[next(n for n in cases if n.startswith("logits equal"))].message
     cases = results(wrong1, corrupt)
     assert "one table per stack" in cases["names and shapes of the name map"].message
+
+
+def test_the_solution_equals_hugging_face_t5_through_the_name_map():
+    """The statement's name map reaches Hugging Face's T5 too: its weights, loaded by from_hf_t5 and renamed.
+
+    Tied head only: how an untied head is configured differs between transformers 4 and 5 (the untied head
+    is checked against the course's T5 in the exercise).
+    """
+    transformers = pytest.importorskip("transformers")
+    from companion.grading.ch11 import t5_name_map
+    from companion.models.t5 import from_hf_t5
+
+    torch.manual_seed(0)
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=61, d_model=20, num_heads=3, d_kv=8, d_ff=36, num_layers=2, num_decoder_layers=3,
+        relative_attention_num_buckets=8, relative_attention_max_distance=12, dropout_rate=0.0)).eval()
+    course = from_hf_t5(hf)
+    assert course.cfg.tie_embeddings and course.cfg.scale_output
+    cls, _ = objects(MODEL)
+    mine = cls(course.cfg).eval()
+    sd = course.state_dict()
+    mine.load_state_dict({ours: sd[theirs] for ours, theirs in t5_name_map(course.cfg).items()})
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(2, 61, (2, 15), generator=g)
+    mask = torch.ones_like(src)
+    mask[1, 9:] = 0
+    src = src.masked_fill(mask == 0, 0)
+    tgt_in = torch.cat([torch.zeros(2, 1, dtype=torch.long), torch.randint(2, 61, (2, 6), generator=g)], dim=1)
+    with torch.no_grad():
+        want = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits
+        got = mine(src, tgt_in, mask)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
