@@ -239,7 +239,7 @@ register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------- 11.6 Your T5: the whole model, and span corruption feeding it
+# ----------------------------------------------------------------- 11.6 Your T5, and your span corruption feeding it
 
 # The student's parameter names (the chapter's T5Encoder, extended to a decoder) -> the reference's
 # (companion.models.encoder_decoder.EncoderDecoder with companion.models.t5.t5_config).
@@ -437,16 +437,21 @@ def _t5_untied(cls):
     try:
         _t5_compare(got, ref, src, tgt_in, mask, "tie_embeddings=False")
     except CheckFailed as err:
-        scaled = ref.head(ref.decode_hidden(tgt_in, ref.encode(src, mask), mask) * ref.cfg.d_model ** -0.5)
-        if torch.allclose(got, scaled.detach(), atol=1e-4, rtol=1e-4):
+        with torch.no_grad():
+            scaled = ref.head(ref.decode_hidden(tgt_in, ref.encode(src, mask), mask) * ref.cfg.d_model ** -0.5)
+        comparable = isinstance(got, torch.Tensor) and got.shape == scaled.shape
+        if comparable and torch.allclose(got, scaled, atol=1e-4, rtol=1e-4):
             raise CheckFailed("with tie_embeddings=False the logits are lm_head(h), without the d_model**-0.5 "
                               "factor (T5 rescales only a tied head)") from None
-        raise err
+        raise err from None
 
 
 def _as_ids(x, what):
-    expect_true(isinstance(x, (list, tuple)) and all(isinstance(i, int) or (isinstance(i, torch.Tensor) and i.numel() == 1)
-                                                      for i in x), f"{what} should be a list of ints, got {type(x).__name__}")
+    def one_id(i):
+        return isinstance(i, int) or (isinstance(i, torch.Tensor) and i.numel() == 1)
+
+    expect_true(isinstance(x, (list, tuple)) and all(one_id(i) for i in x),
+                f"span_corrupt's {what} should be a list of ints, got {type(x).__name__}")
     return [int(i) for i in x]
 
 
