@@ -5,7 +5,10 @@ References: the Viterbi search of :class:`companion.tokenizers.unigram.UnigramTo
 :func:`companion.span_corruption.span_corrupt` and
 :func:`companion.span_corruption.compute_input_and_target_lengths`,
 :func:`companion.attention.scaled_dot_product_attention` with ``scale=1`` and a bias
-(T5's attention), and a plain loop for BART's text infilling with given spans.
+(T5's attention), a plain loop for BART's text infilling with given spans, and for
+"Your T5" (11.6) :class:`companion.models.encoder_decoder.EncoderDecoder` with
+:func:`companion.models.t5.t5_config`, its weights copied into the student's model
+by :func:`t5_name_map`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import math
 import random
 
 import torch
+from torch import nn
 
 from ..attention import scaled_dot_product_attention
+from ..models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from ..models.t5 import t5_config
 from ..span_corruption import compute_input_and_target_lengths, random_spans_noise_mask, span_corrupt
 from ..tokenizers.unigram import UnigramTokenizer, load_course_unigram
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
@@ -103,7 +109,7 @@ _DOG = [10, 11, 12, 13, 14, 15, 16, 17, 18]  # The quick brown fox jumps over th
 register(Exercise(
     id="11.2",
     title="Span corruption in T5's format",
-    targets=("t5_span_corrupt",),
+    targets=("span_corrupt",),
     forbidden=("companion.span_corruption",),
     cases=(
         Case("the sequence ends with a noise span (no final sentinel in the target)", 2, lambda s: _sc_case(
@@ -229,5 +235,287 @@ register(Exercise(
             _infill_case(s, [10, 11, 12, 13, 14], [(1, 1), (2, 2)], 4, "adjacent spans (1, 1), (2, 2)"))),
         Case("random spans, no spans", 1, lambda s: (
             [_infill_random(s, n, n) for n in (9, 17, 30)], _infill_case(s, [7, 8], [], 4, "no spans"))),
+    ),
+))
+
+
+# ----------------------------------------------------------------- 11.6 Your T5, and your span corruption feeding it
+
+# The student's parameter names (the chapter's T5Encoder, extended to a decoder) -> the reference's
+# (companion.models.encoder_decoder.EncoderDecoder with companion.models.t5.t5_config).
+_STACK_MAP = {"norm1": "norm1.weight", "qkv.weight": "self_attn.qkv.weight", "o.weight": "self_attn.out.weight",
+              "norm2": "norm2.weight", "wi.weight": "ffn.up.weight", "wo.weight": "ffn.down.weight"}
+_CROSS_MAP = {"norm_cross": "norm_cross.weight", "cross_q.weight": "cross_attn.q.weight",
+              "cross_kv.weight": "cross_attn.kv.weight", "cross_o.weight": "cross_attn.out.weight"}
+
+
+def t5_name_map(cfg: EncoderDecoderConfig) -> dict[str, str]:
+    """MyT5's state-dict key -> the key of the same tensor in the course's :class:`EncoderDecoder` (T5 config)."""
+    m = {"emb.weight": "tok_emb.weight",
+         "encoder.rel.weight": "encoder_bias.relative_attention_bias.weight", "encoder.norm": "encoder_norm.weight",
+         "decoder.rel.weight": "decoder_bias.relative_attention_bias.weight", "decoder.norm": "decoder_norm.weight"}
+    for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        parts = _STACK_MAP | (_CROSS_MAP if stack == "decoder" else {})
+        for i in range(n):
+            m |= {f"{stack}.layers.{i}.{ours}": f"{stack}.{i}.{ref}" for ours, ref in parts.items()}
+    if not cfg.tie_embeddings:
+        m["lm_head.weight"] = "lm_head.weight"
+    return m
+
+
+def _t5_cfg(tie: bool = True, n_layers: int = 2, n_decoder_layers: int = 3) -> EncoderDecoderConfig:
+    # odd sizes: n_heads * d_kv = 24 != d_model = 20; 8 buckets up to distance 12, so that sequences
+    # of 15 tokens reach the log-spaced buckets and the last one
+    return t5_config(61, d_model=20, n_heads=3, d_kv=8, d_ff=36, n_layers=n_layers, n_decoder_layers=n_decoder_layers,
+                     n_buckets=8, max_distance=12, dropout=0.0, tie_embeddings=tie)
+
+
+def _t5_reference(cfg: EncoderDecoderConfig, seed: int, table_std: float = 1.0) -> EncoderDecoder:
+    torch.manual_seed(seed)
+    ref = EncoderDecoder(cfg).eval()
+    with torch.no_grad():  # gains away from 1 and a position table that matters, so that a slip shows
+        for name, p in ref.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif "relative_attention_bias" in name:
+                p.normal_(0.0, table_std)
+    return ref
+
+
+def _t5_layout(cls, cfg: EncoderDecoderConfig):
+    """The student's model for ``cfg``, its names and shapes checked against the name map."""
+    torch.manual_seed(0)
+    model = cls(cfg)
+    got = {k: tuple(v.shape) for k, v in dict(model.state_dict()).items() if torch.is_floating_point(v)}
+    ref = {k: tuple(v.shape) for k, v in EncoderDecoder(cfg).state_dict().items()}
+    want = {ours: ref[theirs] for ours, theirs in t5_name_map(cfg).items()}
+    extra = sorted(set(got) - set(want) - ({"lm_head.weight"} if cfg.tie_embeddings else set()))
+    tables = [k for k in extra if ".layers." in k and ("rel" in k or "bias" in k)]
+    if tables:
+        raise CheckFailed(f"position tables inside the layers ({', '.join(tables[:4])}): T5 has one table per stack, "
+                          "encoder.rel and decoder.rel (n_buckets, n_heads); compute the bias once in the stack's "
+                          "forward and pass it to every layer")
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise CheckFailed(f"MyT5(cfg) has no parameter {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+                          f" (the name map of the statement; the model has {', '.join(sorted(got)[:6])} ...)")
+    if extra:
+        raise CheckFailed(f"parameters that T5 does not have: {', '.join(extra[:5])} (no biases anywhere; "
+                          "a tied head has no lm_head)")
+    for name, shape in want.items():
+        if got[name] != shape:
+            raise CheckFailed(f"{name} should have shape {shape} (cfg: d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
+                              f"d_kv={cfg.d_head}, d_ff={cfg.d_ff}, n_buckets={cfg.n_buckets}), got {got[name]}")
+    if cfg.tie_embeddings and "lm_head.weight" in got and got["lm_head.weight"] != want["emb.weight"]:
+        raise CheckFailed(f"lm_head.weight of a tied head should be emb.weight, shape {want['emb.weight']}")
+    return model
+
+
+def _t5_student(cls, ref: EncoderDecoder):
+    """The student's model holding the reference's weights (under the student's names), in eval mode."""
+    cfg = ref.cfg
+    model = _t5_layout(cls, cfg)
+    sd = ref.state_dict()
+    weights = {ours: sd[theirs].clone() for ours, theirs in t5_name_map(cfg).items()}
+    if cfg.tie_embeddings:
+        weights["lm_head.weight"] = sd["tok_emb.weight"].clone()  # read only if the student keeps one
+    model.load_state_dict(weights, strict=False)
+    model.eval()
+    return model
+
+
+class _FirstLayerBias(nn.Module):
+    """A block that ignores the position bias: with it from layer 1 on, only the first layer adds the bias."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        kwargs["bias"] = None
+        return self.block(*args, **kwargs)
+
+
+def _t5_variants(ref: EncoderDecoder):
+    """Plausible wrong T5s with the reference's weights: (what it does, what to fix, model)."""
+    cfg, sd = ref.cfg, ref.state_dict()
+
+    def with_cfg(**changes):
+        m = EncoderDecoder(cfg.replace(**changes)).eval()
+        m.load_state_dict(sd)
+        return m
+
+    out = [("divides the scores by sqrt(d_kv)", "T5 adds the bias to q k^T and does not scale",
+            with_cfg(scale_attention=True)),
+           ("normalises with a mean-subtracting LayerNorm", "T5's norm divides by the root mean square "
+            "and subtracts no mean", with_cfg(norm="layernorm"))]
+    bidi = with_cfg()
+    bidi.decoder_bias.bidirectional = True
+    out.append(("gives the decoder bidirectional buckets", "the decoder's buckets are unidirectional "
+                "(relative_bucket(..., bidirectional=False))", bidi))
+    first = with_cfg()
+    for stack in (first.encoder, first.decoder):
+        for i in range(1, len(stack)):
+            stack[i] = _FirstLayerBias(stack[i])
+    out.append(("adds the position bias in the first layer only", "add the bias computed once to the scores "
+                "of every layer", first))
+    if cfg.tie_embeddings:
+        out.append(("does not rescale the tied head", "multiply the decoder output by d_model**-0.5 before "
+                    "the tied head", with_cfg(scale_output=False)))
+    return out
+
+
+def _t5_compare(got, ref: EncoderDecoder, src, tgt_in, mask, what):
+    with torch.no_grad():
+        want = ref(src, tgt_in, mask)
+    try:
+        expect_tensor(got, want, name=f"logits ({what})", atol=1e-4, rtol=1e-4)
+    except CheckFailed as err:
+        if isinstance(got, torch.Tensor) and got.shape == want.shape:
+            for does, fix, variant in _t5_variants(ref):
+                with torch.no_grad():
+                    if torch.allclose(got, variant(src, tgt_in, mask), atol=1e-4, rtol=1e-4):
+                        raise CheckFailed(f"logits ({what}) equal those of a T5 that {does}: {fix}") from None
+        raise CheckFailed(f"{err} (the reference's weights copied in by the name map)") from None
+
+
+def _t5_batch(cfg, seed, lengths=(15, 11, 6), t=7):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(2, cfg.vocab_size, (len(lengths), max(lengths)), generator=g)
+    mask = (torch.arange(src.shape[1]) < torch.tensor(lengths)[:, None]).long()  # (B, S), 1 = real token
+    src = src.masked_fill(mask == 0, cfg.pad_id)
+    tgt_in = torch.cat([torch.full((len(lengths), 1), cfg.decoder_start_id),
+                        torch.randint(2, cfg.vocab_size, (len(lengths), t - 1), generator=g)], dim=1)
+    return src, tgt_in, mask
+
+
+def _t5_logits(cls):
+    ref = _t5_reference(_t5_cfg(), 0)
+    model = _t5_student(cls, ref)
+    src, tgt_in, mask = _t5_batch(ref.cfg, 1)
+    with torch.no_grad():
+        got = model(src, tgt_in, mask)
+    _t5_compare(got, ref, src, tgt_in, mask, "B=3, S=15 with rows of 15, 11 and 6 real tokens, T=7")
+
+
+def _t5_shared_bias(cls):
+    # three layers in each stack and a large position table: the bias dominates the scores
+    ref = _t5_reference(_t5_cfg(n_layers=3, n_decoder_layers=3), 2, table_std=3.0)
+    model = _t5_student(cls, ref)
+    src, tgt_in, mask = _t5_batch(ref.cfg, 3, lengths=(14, 14), t=9)
+    with torch.no_grad():
+        got = model(src, tgt_in, None)
+    _t5_compare(got, ref, src, tgt_in, mask, "3 layers per stack, position tables of std 3, no padding")
+
+
+def _t5_causal(cls):
+    ref = _t5_reference(_t5_cfg(), 4)
+    model = _t5_student(cls, ref)
+    src, tgt_in, mask = _t5_batch(ref.cfg, 5, lengths=(9, 5), t=8)
+    changed = tgt_in.clone()
+    changed[:, 5:] = (changed[:, 5:] + 7) % ref.cfg.vocab_size
+    with torch.no_grad():
+        a, b = model(src, tgt_in, mask), model(src, changed, mask)
+    for name, out in (("decoder_input_ids", a), ("the changed decoder_input_ids", b)):
+        expect_true(isinstance(out, torch.Tensor) and out.shape == (2, 8, ref.cfg.vocab_size),
+                    f"logits for {name} should be a tensor of shape (2, 8, {ref.cfg.vocab_size}), got "
+                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    err = (a[:, :5] - b[:, :5]).abs().max().item()
+    if not err <= 1e-5:
+        raise CheckFailed(f"changing decoder tokens 5..7 changed the logits of positions 0..4 by up to {err:.3g}: "
+                          "the decoder's self-attention must be causal (position t sees positions 0..t only)")
+    with torch.no_grad():  # and not causal by being wrong: the logits are the reference's
+        _t5_compare(b, ref, src, changed, mask, "B=2, T=8, decoder tokens 5..7 changed")
+
+
+def _t5_untied(cls):
+    ref = _t5_reference(_t5_cfg(tie=False), 6)
+    model = _t5_student(cls, ref)
+    src, tgt_in, mask = _t5_batch(ref.cfg, 7, lengths=(12, 7), t=5)
+    with torch.no_grad():
+        got = model(src, tgt_in, mask)
+    try:
+        _t5_compare(got, ref, src, tgt_in, mask, "tie_embeddings=False")
+    except CheckFailed as err:
+        with torch.no_grad():
+            scaled = ref.head(ref.decode_hidden(tgt_in, ref.encode(src, mask), mask) * ref.cfg.d_model ** -0.5)
+        comparable = isinstance(got, torch.Tensor) and got.shape == scaled.shape
+        if comparable and torch.allclose(got, scaled, atol=1e-4, rtol=1e-4):
+            raise CheckFailed("with tie_embeddings=False the logits are lm_head(h), without the d_model**-0.5 "
+                              "factor (T5 rescales only a tied head)") from None
+        raise err from None
+
+
+def _as_ids(x, what):
+    def one_id(i):
+        return isinstance(i, int) or (isinstance(i, torch.Tensor) and i.numel() == 1)
+
+    expect_true(isinstance(x, (list, tuple)) and all(one_id(i) for i in x),
+                f"span_corrupt's {what} should be a list of ints, got {type(x).__name__}")
+    return [int(i) for i in x]
+
+
+def _pad(rows, value):
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])  # (B, L)
+
+
+def _span_batch(pairs, cfg):
+    """Inputs padded (and their attention mask), decoder inputs = start id + target shifted right, labels."""
+    src = _pad([list(i) for i, _ in pairs], cfg.pad_id)  # (B, S)
+    mask = _pad([[1] * len(i) for i, _ in pairs], 0)  # (B, S)
+    tgt_in = _pad([[cfg.decoder_start_id] + list(t[:-1]) for _, t in pairs], cfg.pad_id)  # (B, T)
+    labels = _pad([list(t) for _, t in pairs], -100)  # (B, T), -100: no loss on padding
+    return src, mask, tgt_in, labels
+
+
+def _t5_span_loss(cls, corrupt):
+    ref = _t5_reference(_t5_cfg(), 8)
+    cfg = ref.cfg
+    g = torch.Generator().manual_seed(9)
+    texts = [torch.randint(2, cfg.vocab_size - 10, (n,), generator=g).tolist() for n in (23, 17, 30)]
+    masks = [random_spans_noise_mask(len(t), 0.15, 3.0, generator=g).tolist() for t in texts]
+    want, got = [], []
+    for k, (text, noise) in enumerate(zip(texts, masks)):
+        want.append(span_corrupt(text, torch.tensor(noise), cfg.vocab_size, cfg.eos_id))
+        pair = corrupt(list(text), list(noise), cfg.vocab_size, cfg.eos_id)
+        expect_true(isinstance(pair, tuple) and len(pair) == 2,
+                    f"span_corrupt (11.2) must return (inputs, targets), got {type(pair).__name__}")
+        pair = (_as_ids(pair[0], "inputs"), _as_ids(pair[1], "targets"))
+        for name, g_ids, w_ids in (("inputs", pair[0], want[-1][0]), ("targets", pair[1], want[-1][1])):
+            if g_ids != w_ids:
+                raise CheckFailed(f"text {k} ({len(text)} tokens): your span_corrupt's {name} are {g_ids}, "
+                                  f"expected {w_ids} (exercise 11.2)")
+        got.append(pair)
+    model = _t5_student(cls, ref)
+    src, mask, tgt_in, labels = _span_batch(got, cfg)  # equal to the reference's batch: checked above
+    with torch.no_grad():
+        logits = model(src, tgt_in, mask)
+    _t5_compare(logits, ref, src, tgt_in, mask, "the corrupted batch: inputs padded, decoder inputs shifted right")
+    w_src, w_mask, w_tgt_in, w_labels = _span_batch(want, cfg)  # the reference's corruption, the reference's model
+    with torch.no_grad():
+        want_logits = ref(w_src, w_tgt_in, w_mask)
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
+    want_loss = nn.functional.cross_entropy(want_logits.flatten(0, 1), w_labels.flatten(), ignore_index=-100).item()
+    if not math.isclose(loss, want_loss, rel_tol=1e-5, abs_tol=1e-5):
+        raise CheckFailed(f"the loss of your T5 on your corrupted batch is {loss:.5f}, the reference's {want_loss:.5f}")
+
+
+register(Exercise(
+    id="11.6",
+    title="Your T5",
+    targets=("MyT5", "span_corrupt"),
+    forbidden=("companion.models", "companion.positional", "companion.attention", "companion.span_corruption",
+               "companion.blocks", "transformers"),
+    cases=(
+        Case("names and shapes of the name map", 1, lambda m, c: _t5_layout(m, _t5_cfg())),
+        Case("logits equal the reference with copied weights (D=20, H=3, d_kv=8, padding in the encoder input)",
+             3, lambda m, c: _t5_logits(m), timeout=30),
+        Case("one position bias per stack, added in every layer (3 layers, a large table)", 2,
+             lambda m, c: _t5_shared_bias(m), timeout=30),
+        Case("the decoder is causal", 1, lambda m, c: _t5_causal(m), timeout=30),
+        Case("an untied head is not rescaled", 1, lambda m, c: _t5_untied(m), timeout=30),
+        Case("your span corruption feeds your T5: the loss equals the reference's", 2,
+             lambda m, c: _t5_span_loss(m, c), timeout=30),
     ),
 ))
