@@ -268,8 +268,8 @@ def _bert_inputs(b, t, vocab, seed, pad_rows=()):
 
 def _bert_compare(model, ref, ids, seg, att, what):
     with torch.no_grad():
-        got = model(ids, seg, att)
         want = ref(ids, att, seg).mlm_logits
+        got = model(ids.clone(), seg.clone(), att.clone())
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
         shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         raise CheckFailed(f"model(idx, seg, keep) should return MLM logits of shape {tuple(want.shape)}, got {shape}")
@@ -308,7 +308,7 @@ def _bert_hf(cls):
     model = _student_bert(cls, ref)
     ids, seg, att = _bert_inputs(2, 11, 23, 4, pad_rows=((0, 3),))
     with torch.no_grad():
-        got = model(ids, seg, att)
+        got = model(ids.clone(), seg.clone(), att.clone())
         want = hf(input_ids=ids, token_type_ids=seg, attention_mask=att).logits
     real = att.bool()
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
@@ -453,9 +453,9 @@ register(Exercise(
     targets=("MyBERT", "train_mlm"),
     forbidden=("transformers", "companion.models", "companion.mlm", "companion.pretraining", "companion.training"),
     cases=(
-        Case("returns one finite loss per step", 1, _train_losses, timeout=30.0),
-        Case("the loop updates the weights", 1, _train_steps, timeout=30.0),
+        Case("returns one finite loss per step", 1, _train_losses, timeout=20.0),
+        Case("the loop updates the weights", 1, _train_steps, timeout=20.0),
         Case(f"{TRAIN_STEPS} steps bring the held-out masked-token loss below {TRAIN_LOSS_MAX}", 4, _train_band,
-             timeout=180.0),
+             timeout=150.0),  # the reference took 16-34 s on 1 thread; the limits sum to 190 s < the notebook's 300
     ),
 ))

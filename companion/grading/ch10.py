@@ -339,8 +339,9 @@ def _kv_no_cache(cls, generate_greedy):
     ref = _reference_gpt()
     model = _student_gpt(cls, ref)
     idx = _ids(2, 7, 1)
-    with torch.no_grad():
-        expect_tensor(model(idx), _ref_logits(ref, idx), name="model(idx) without a cache, idx (2, 7)")
+    want = _ref_logits(ref, idx)
+    with torch.no_grad():  # the student's model gets copies of the inputs (in a notebook it is their own object)
+        expect_tensor(model(idx.clone()), want, name="model(idx) without a cache, idx (2, 7)")
 
 
 def _kv_prefill(cls, generate_greedy):
@@ -348,7 +349,7 @@ def _kv_prefill(cls, generate_greedy):
     model = _student_gpt(cls, ref)
     idx = _ids(3, 5, 2)
     with torch.no_grad():
-        logits, cache = _as_cached_result(model(idx, cache=[None] * _GPT_CFG.n_layers), 3, 5, 5, _GPT_CFG,
+        logits, cache = _as_cached_result(model(idx.clone(), cache=[None] * _GPT_CFG.n_layers), 3, 5, 5, _GPT_CFG,
                                           "prefill of a (3, 5) prompt")
     expect_tensor(logits, _ref_logits(ref, idx), name="logits of the prefill (3, 5) (the full causal logits)")
     want = _ref_cache(ref, idx)
@@ -375,12 +376,12 @@ def _kv_steps(cls, generate_greedy):
     seq = _ids(2, 11, 3)
     full = _ref_logits(ref, seq)
     with torch.no_grad():
-        logits, cache = _as_cached_result(model(seq[:, :5], cache=[None] * _GPT_CFG.n_layers), 2, 5, 5, _GPT_CFG,
+        logits, cache = _as_cached_result(model(seq[:, :5].clone(), cache=[None] * _GPT_CFG.n_layers), 2, 5, 5, _GPT_CFG,
                                           "prefill of 5 tokens")
         _, ref_past = _list_forward(ref, seq[:, :5], None)
         steps = [logits]
         for t in range(5, 11):
-            out, cache = _as_cached_result(model(seq[:, t:t + 1], cache=cache), 2, 1, t + 1, _GPT_CFG,
+            out, cache = _as_cached_result(model(seq[:, t:t + 1].clone(), cache=cache), 2, 1, t + 1, _GPT_CFG,
                                            f"step {t - 4} (token {t})")
             _step_message(out, ref, 5, seq[:, t:t + 1], ref_past, t - 4)
             expect_tensor(out, full[:, t:t + 1], name=f"logits of step {t - 4} (token {t}) after a prefill of 5")
@@ -394,9 +395,9 @@ def _kv_chunk(cls, generate_greedy):
     model = _student_gpt(cls, ref)
     seq = _ids(1, 10, 4)
     with torch.no_grad():
-        _, cache = _as_cached_result(model(seq[:, :7], cache=[None] * _GPT_CFG.n_layers), 1, 7, 7, _GPT_CFG,
+        _, cache = _as_cached_result(model(seq[:, :7].clone(), cache=[None] * _GPT_CFG.n_layers), 1, 7, 7, _GPT_CFG,
                                      "prefill of 7 tokens")
-        out, _ = _as_cached_result(model(seq[:, 7:], cache=cache), 1, 3, 10, _GPT_CFG, "3 new tokens at once")
+        out, _ = _as_cached_result(model(seq[:, 7:].clone(), cache=cache), 1, 3, 10, _GPT_CFG, "3 new tokens at once")
     expect_tensor(out, _ref_logits(ref, seq)[:, 7:],
                   name="logits of 3 new tokens after 7 cached (new token i sees the cache and new tokens 0..i)")
 
@@ -406,9 +407,9 @@ def _kv_memory(cls, generate_greedy):
     model = _student_gpt(cls, ref)
     seq = _ids(2, 11, 5)
     with torch.no_grad():
-        result = model(seq[:, :7], cache=[None] * _GPT_CFG.n_layers)
+        result = model(seq[:, :7].clone(), cache=[None] * _GPT_CFG.n_layers)
         for t in range(7, 11):
-            result = model(seq[:, t:t + 1], cache=_as_cached_result(result, 2, 1 if t > 7 else 7, t, _GPT_CFG,
+            result = model(seq[:, t:t + 1].clone(), cache=_as_cached_result(result, 2, 1 if t > 7 else 7, t, _GPT_CFG,
                                                                     f"after {t} tokens")[1])
     _, cache = _as_cached_result(result, 2, 1, 11, _GPT_CFG, "after 11 tokens")
     held = sum(z.numel() * z.element_size() for pair in cache for z in pair)
