@@ -7,11 +7,15 @@ reference in :mod:`companion.generation`, :mod:`companion.attention` and
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..attention import scaled_dot_product_attention
-from ..generation import beam_search_step, top_k_filter, top_p_filter
+from ..generation import beam_search_step, generate, top_k_filter, top_p_filter
+from ..kv_cache import KVCache, kv_cache_bytes
 from ..masks import causal_mask
+from ..models.gpt import GPT, GPTConfig
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, input_after_call, register, run_student
 
 
@@ -218,5 +222,295 @@ register(Exercise(
         Case("one new token after 12 cached", 2, _cache_one_token),
         Case("three new tokens at once (bottom-right causal mask)", 2, _cache_several),
         Case("token-by-token decoding equals full attention", 2, _cache_loop),
+    ),
+))
+
+
+# ----------------------------------------------------------------- 10.5 your GPT with a KV cache
+#
+# The student's MyGPT (exercise 9.5, the names of Chapter 9's MiniGPT) gains a cache:
+# model(idx) -> logits as before; model(idx, cache=[...]) -> (logits, cache), the cache a list with one
+# (k, v) pair per layer, each (B, H, S, Dh), None for a layer with nothing cached yet (the chapter's
+# forward_with_cache, returning the list so that it also comes back from another process).
+# generate_greedy(model, idx, max_new_tokens, use_cache) is Chapter 10's greedy loop.
+# The cases only call the student's objects, read attributes and pass plain data; the two that must see
+# inside (what the loop feeds the model, whether the head is one tensor) run through run_student.
+
+_GPT_CFG = GPTConfig(vocab_size=29, max_positions=24, d_model=20, n_layers=2, n_heads=5)  # Dh = 4: odd sizes
+
+
+def _reference_gpt(cfg: GPTConfig = _GPT_CFG, seed: int = 0) -> GPT:
+    """A random companion GPT; LayerNorms and biases moved off 1 and 0 so that a swapped tensor shows."""
+    torch.manual_seed(seed)
+    ref = GPT(cfg).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return ref
+
+
+def _ids(b: int, t: int, seed: int, vocab: int = _GPT_CFG.vocab_size) -> torch.Tensor:
+    return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _student_gpt(cls, ref: GPT):
+    """``cls(cfg)`` holding the reference's weights (the name map of the statement is the identity)."""
+    model = cls(ref.cfg)
+    want = ref.state_dict()
+    got = model.state_dict()
+    if not isinstance(got, dict):
+        raise CheckFailed(f"MyGPT(cfg).state_dict() should be a dict of tensors, got {type(got).__name__}")
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        raise CheckFailed(f"MyGPT's parameter names differ from Chapter 9's MiniGPT: missing {missing[:4]}, "
+                          f"unexpected {extra[:4]} (name the modules as the statement lists them)")
+    for name, tensor in want.items():
+        if tuple(got[name].shape) != tuple(tensor.shape):
+            raise CheckFailed(f"{name} should have shape {tuple(tensor.shape)}, got {tuple(got[name].shape)}")
+    model.load_state_dict(want)
+    model.eval()
+    return model
+
+
+def _ref_logits(ref: GPT, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return ref(idx)
+
+
+def _ref_cache(ref: GPT, idx: torch.Tensor) -> KVCache:
+    cache = KVCache(ref.cfg.n_layers)
+    with torch.no_grad():
+        ref(idx, cache=cache)
+    return cache
+
+
+def _list_forward(ref: GPT, idx, cache, *, restart_positions=False, ignore_past=False):
+    """The chapter's forward_with_cache on the reference's modules (a new list is returned).
+
+    ``restart_positions`` and ``ignore_past`` compute what two wrong caches give, to name the mistake.
+    """
+    past = [None] * ref.cfg.n_layers if cache is None or len(cache) == 0 else list(cache)
+    start = 0 if past[0] is None or restart_positions else past[0][0].shape[2]
+    x = ref.tok_emb(idx) + ref.pos_emb(torch.arange(start, start + idx.shape[1]))  # (B, T, D)
+    new = []
+    for i, block in enumerate(ref.blocks):
+        attn = block.self_attn
+        q, k, v = attn.qkv(block.norm1(x)).split(ref.cfg.d_model, dim=-1)  # 3 x (B, T, D)
+        q, k, v = (z.unflatten(-1, (attn.n_heads, -1)).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Dh)
+        if past[i] is not None and not ignore_past:
+            k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)  # (B, H, S, Dh)
+        new.append((k, v))
+        t, s = q.shape[2], k.shape[2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])  # (B, H, T, S)
+        causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)  # bottom-right aligned
+        out = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v  # (B, H, T, Dh)
+        x = x + attn.out(out.transpose(1, 2).flatten(2))
+        x = x + block.ffn(block.norm2(x))
+    return ref.lm_head(ref.norm_f(x)), new
+
+
+def _as_cached_result(result, b, t_new, s, cfg: GPTConfig, what):
+    """Unpack ``model(idx, cache=...)``: a pair (logits, cache) with n_layers (k, v) pairs of the right shape."""
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise CheckFailed(f"{what}: model(idx, cache=...) should return a pair (logits, cache), "
+                          f"got {type(result).__name__}")
+    logits, cache = result
+    if not isinstance(cache, (list, tuple)) or len(cache) != cfg.n_layers:
+        got = f"a {type(cache).__name__} of {len(cache)}" if isinstance(cache, (list, tuple)) else type(cache).__name__
+        raise CheckFailed(f"{what}: the cache should be a list of {cfg.n_layers} (k, v) pairs, one per layer, got {got}")
+    shape = (b, cfg.n_heads, s, cfg.d_head)
+    for i, pair in enumerate(cache):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                and all(isinstance(z, torch.Tensor) for z in pair)):
+            raise CheckFailed(f"{what}: cache[{i}] should be a pair (k, v) of tensors, got {type(pair).__name__}")
+        for name, z in zip("kv", pair):
+            if tuple(z.shape) != shape:
+                hint = ""
+                if z.dim() == 4 and z.shape[2] == t_new and t_new != s:
+                    hint = (f": it holds only the {t_new} new token(s); append the new keys and values to the "
+                            f"cached ones (torch.cat along dim 2)")
+                raise CheckFailed(f"{what}: cache[{i}] {name} should have shape (B, H, S, Dh) = {shape} after "
+                                  f"{s} tokens, got {tuple(z.shape)}{hint}")
+    return logits, cache
+
+
+def _kv_no_cache(cls, generate_greedy):
+    ref = _reference_gpt()
+    model = _student_gpt(cls, ref)
+    idx = _ids(2, 7, 1)
+    want = _ref_logits(ref, idx)
+    with torch.no_grad():  # the student's model gets copies of the inputs (in a notebook it is their own object)
+        expect_tensor(model(idx.clone()), want, name="model(idx) without a cache, idx (2, 7)")
+
+
+def _kv_prefill(cls, generate_greedy):
+    ref = _reference_gpt()
+    model = _student_gpt(cls, ref)
+    idx = _ids(3, 5, 2)
+    with torch.no_grad():
+        logits, cache = _as_cached_result(model(idx.clone(), cache=[None] * _GPT_CFG.n_layers), 3, 5, 5, _GPT_CFG,
+                                          "prefill of a (3, 5) prompt")
+    expect_tensor(logits, _ref_logits(ref, idx), name="logits of the prefill (3, 5) (the full causal logits)")
+    want = _ref_cache(ref, idx)
+    for i in range(_GPT_CFG.n_layers):
+        expect_tensor(cache[i][0], want.keys[i], name=f"cached keys of layer {i} after the prefill")
+        expect_tensor(cache[i][1], want.values[i], name=f"cached values of layer {i} after the prefill")
+
+
+def _step_message(got, ref, prefix, new_ids, past, step):
+    """Name the mistake when a cached step's logits are wrong (positions restarted, past ignored)."""
+    with torch.no_grad():
+        for kwargs, what in (({"restart_positions": True}, "your positions restart at 0 for the new tokens: "
+                              "they are S0, S0 + 1, ... with S0 the number of tokens already cached"),
+                             ({"ignore_past": True}, "the new token attends only to itself: attend over the "
+                              "cached keys and values with the new ones appended")):
+            wrong, _ = _list_forward(ref, new_ids, past, **kwargs)
+            if isinstance(got, torch.Tensor) and got.shape == wrong.shape and torch.allclose(got.float(), wrong, atol=1e-4):
+                raise CheckFailed(f"step {step} after a prefill of {prefix} tokens: {what}")
+
+
+def _kv_steps(cls, generate_greedy):
+    ref = _reference_gpt()
+    model = _student_gpt(cls, ref)
+    seq = _ids(2, 11, 3)
+    full = _ref_logits(ref, seq)
+    with torch.no_grad():
+        logits, cache = _as_cached_result(model(seq[:, :5].clone(), cache=[None] * _GPT_CFG.n_layers), 2, 5, 5, _GPT_CFG,
+                                          "prefill of 5 tokens")
+        _, ref_past = _list_forward(ref, seq[:, :5], None)
+        steps = [logits]
+        for t in range(5, 11):
+            out, cache = _as_cached_result(model(seq[:, t:t + 1].clone(), cache=cache), 2, 1, t + 1, _GPT_CFG,
+                                           f"step {t - 4} (token {t})")
+            _step_message(out, ref, 5, seq[:, t:t + 1], ref_past, t - 4)
+            expect_tensor(out, full[:, t:t + 1], name=f"logits of step {t - 4} (token {t}) after a prefill of 5")
+            _, ref_past = _list_forward(ref, seq[:, t:t + 1], ref_past)
+            steps.append(out)
+    expect_tensor(torch.cat(steps, dim=1), full, name="prefill of 5 + 6 single-token steps, concatenated")
+
+
+def _kv_chunk(cls, generate_greedy):
+    ref = _reference_gpt()
+    model = _student_gpt(cls, ref)
+    seq = _ids(1, 10, 4)
+    with torch.no_grad():
+        _, cache = _as_cached_result(model(seq[:, :7].clone(), cache=[None] * _GPT_CFG.n_layers), 1, 7, 7, _GPT_CFG,
+                                     "prefill of 7 tokens")
+        out, _ = _as_cached_result(model(seq[:, 7:].clone(), cache=cache), 1, 3, 10, _GPT_CFG, "3 new tokens at once")
+    expect_tensor(out, _ref_logits(ref, seq)[:, 7:],
+                  name="logits of 3 new tokens after 7 cached (new token i sees the cache and new tokens 0..i)")
+
+
+def _kv_memory(cls, generate_greedy):
+    ref = _reference_gpt()
+    model = _student_gpt(cls, ref)
+    seq = _ids(2, 11, 5)
+    with torch.no_grad():
+        result = model(seq[:, :7].clone(), cache=[None] * _GPT_CFG.n_layers)
+        for t in range(7, 11):
+            result = model(seq[:, t:t + 1].clone(), cache=_as_cached_result(result, 2, 1 if t > 7 else 7, t, _GPT_CFG,
+                                                                    f"after {t} tokens")[1])
+    _, cache = _as_cached_result(result, 2, 1, 11, _GPT_CFG, "after 11 tokens")
+    held = sum(z.numel() * z.element_size() for pair in cache for z in pair)
+    c = _GPT_CFG
+    want = kv_cache_bytes(c.n_layers, c.n_heads, c.d_head, 11, batch_size=2)
+    expect_true(held == want, f"after 11 tokens of 2 sequences the cache should hold 2 * n_layers * H * Dh * T * B * 4 "
+                              f"= 2 * {c.n_layers} * {c.n_heads} * {c.d_head} * 11 * 2 * 4 = {want:,} bytes (float32), "
+                              f"it holds {held:,}")
+
+
+def _greedy_ids(generate_greedy, model, idx, n, use_cache, what):
+    out = generate_greedy(model, idx, n, use_cache=use_cache)
+    want_shape = (idx.shape[0], idx.shape[1] + n)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want_shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise CheckFailed(f"{what}: generate_greedy should return the prompt and the {n} new token ids, "
+                          f"a tensor of shape {want_shape}, got {got}")
+    return out
+
+
+def _kv_greedy(cls, generate_greedy, b=3, t=5, n=9, seed=6):
+    ref = _reference_gpt(seed=seed)
+    model = _student_gpt(cls, ref)
+    idx = _ids(b, t, seed)
+    want = generate(ref, idx, n, use_cache=False)
+    with torch.no_grad():
+        cached = _greedy_ids(generate_greedy, model, idx, n, True, "use_cache=True")
+        plain = _greedy_ids(generate_greedy, model, idx, n, False, "use_cache=False")
+    expect_tensor(plain, want, name=f"greedy ids without the cache, prompt ({b}, {t}), {n} new tokens "
+                                    "(the reference's generate on the same weights)")
+    expect_tensor(cached, plain, name=f"greedy ids with the cache against your own without it, prompt ({b}, {t})")
+
+
+def _kv_lengths(cls, generate_greedy):
+    n_pos = _GPT_CFG.max_positions
+    _kv_greedy(cls, generate_greedy, b=2, t=1, n=6, seed=7)  # a one-token prompt: the first step is position 1
+    _kv_greedy(cls, generate_greedy, b=1, t=n_pos - 4, n=4, seed=8)  # up to the last position of the table
+
+
+class _SpyGPT(GPT):
+    """The reference GPT behind the statement's interface, recording what each call is given."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        self.calls: list[tuple[int, int | None]] = []  # (new tokens, cached tokens or None without a cache)
+
+    def forward(self, idx, cache=None):  # noqa: D401 - the student's interface
+        if cache is None:
+            self.calls.append((int(idx.shape[1]), None))
+            return super().forward(idx)
+        cached = 0 if len(cache) == 0 or cache[0] is None else int(cache[0][0].shape[2])
+        self.calls.append((int(idx.shape[1]), cached))
+        return _list_forward(self, idx, cache)
+
+
+def _spy_run(generate_greedy, state_dict, cfg, idx, n, use_cache):
+    """Runs where the student's generate_greedy lives: drive it with the spy, return the ids and the calls."""
+    spy = _SpyGPT(cfg).eval()
+    spy.load_state_dict(state_dict)
+    with torch.no_grad():
+        out = generate_greedy(spy, idx, n, use_cache=use_cache)
+    return out, list(spy.calls)
+
+
+def _kv_feeds_new_token(cls, generate_greedy):
+    ref = _reference_gpt(seed=9)
+    idx, n = _ids(2, 6, 9), 5
+    out, calls = run_student(_spy_run, generate_greedy, ref.state_dict(), _GPT_CFG, idx, n, True)
+    expect_true(isinstance(calls, list) and len(calls) >= 1, "generate_greedy never called the model")
+    expect_true(calls[0] == (6, 0), f"with use_cache=True the first call should be the prefill: the 6 prompt tokens "
+                                    f"with an empty cache, got {calls[0][0]} tokens with "
+                                    f"{'no cache' if calls[0][1] is None else f'{calls[0][1]} cached'}")
+    for i, (t_new, cached) in enumerate(calls[1:], start=1):
+        if cached is None:
+            raise CheckFailed(f"with use_cache=True call {i + 1} passed no cache: pass the cache the previous call "
+                              "returned")
+        if t_new != 1:
+            raise CheckFailed(f"with use_cache=True call {i + 1} fed {t_new} tokens: after the prefill feed only the "
+                              "new token and the cache (you are recomputing the whole sequence)")
+        if cached != 6 + i - 1:
+            raise CheckFailed(f"with use_cache=True call {i + 1} got a cache of {cached} tokens, expected "
+                              f"{6 + i - 1}: pass on the cache the previous call returned")
+    expect_true(len(calls) in (n, n + 1), f"{n} new tokens need the prefill and {n - 1} single-token calls "
+                                          f"(or {n}), got {len(calls)} calls")
+    expect_tensor(out, generate(ref, idx, n), name="the ids generate_greedy returned with the reference model")
+
+
+register(Exercise(
+    id="10.5",
+    title="Your GPT with a KV cache",
+    targets=("MyGPT", "generate_greedy"),
+    forbidden=("companion.models", "companion.generation", "companion.kv_cache", "companion.attention",
+               "transformers"),  # the reference itself
+    cases=(
+        Case("without a cache: the reference's logits (B=2, T=7, D=20, H=5)", 1, _kv_no_cache),
+        Case("prefill: logits and per-layer keys and values", 2, _kv_prefill),
+        Case("single-token steps after a prefill equal the full logits", 2, _kv_steps),
+        Case("three new tokens at once after a cached prefix", 1, _kv_chunk),
+        Case("the cache holds 2 * n_layers * H * Dh * T * B * 4 bytes", 1, _kv_memory),
+        Case("greedy with the cache = without it = the reference's generate", 2, _kv_greedy),
+        Case("a one-token prompt, and a prompt up to the last position", 1, _kv_lengths),
+        Case("with the cache each step feeds only the new token", 1, _kv_feeds_new_token),
     ),
 ))
