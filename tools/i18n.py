@@ -201,7 +201,7 @@ def term_problems(page: str, en: str, zh: str, sheet: list[dict], context: str |
     glossary page, a Chinese cell's row (its English cell and itself).
     """
     head = en[:50].replace("\n", " ")
-    if zh.strip() == en.strip():  # kept in English (the glossary's English column): nothing Chinese to check
+    if zh == en and not re.search(f"[{_CJK}]", zh):  # kept in English (the glossary's English column)
         return []
     text = term_text(en, zh)
     problems = []
@@ -278,6 +278,10 @@ def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: boo
                     problems.append(f"{page}: \"{head}...\" uses the glossary term '{term_en}' "
                                     f"but its translation lacks '{term_zh}'")
         problems += term_problems(page, en, zh, sheet, context if page == "book/glossary" else None)
+        if page == "book/glossary" and zh == en and len(prose(en).split()) >= 10:
+            # The English column stays English; an explanation in it is prose, and is translated.
+            problems.append(f"{page}: \"{head}...\" is an explanation left in English: translate it "
+                            f"(keep the term itself in English)")
         problems += introduction_problems(page, en, zh)
     return problems
 
