@@ -2,7 +2,8 @@
 
     python tools/i18n.py update          # after an English edit: new strings empty, changed ones fuzzy
     python tools/i18n.py report          # translated / fuzzy / untranslated entries per page
-    python tools/i18n.py check [PAGE...] # what tests/test_i18n.py checks, page by page
+    python tools/i18n.py check [PAGE...] # what tests/test_i18n.py checks, page by page (terms: locales/zh_CN/terms.toml)
+    python tools/i18n.py long [--show=N] [PAGE...]  # sentences over 80 characters per page (to watch, not a gate)
     python tools/i18n.py build [OUT]     # both editions: OUT/html (English), OUT/html/zh_CN (Chinese)
 
 The English pages are the one source (PEP 545's model): ``update`` runs Sphinx's
@@ -296,6 +297,54 @@ def check(pages: list[str] | None = None, counts: bool = True) -> list[str]:
     return problems
 
 
+# --- long sentences: a number to watch, not a gate ---
+
+LONG = 80  # characters: a Chinese sentence longer than this usually reads as translated English
+_SENTENCE_END = re.compile(r"(?<=[。！？])|\n+")
+
+
+def visible(text: str) -> str:
+    """Roughly what a reader sees of a translation: a role as its text or a short number, markup dropped."""
+    text = re.sub(r"\{[a-z:]+\}`([^`<]*)<[^`]*>`", r"\1", text)  # {ref}`text <target>`
+    text = re.sub(r"\{(?:glue|glue:text|numref|cite:t|cite:p|cite)\}`[^`]*`", "0", text)
+    text = re.sub(r"\{[a-z:]+\}`([^`]*)`", r"\1", text)
+    return re.sub(r"[*`$]", "", text)
+
+
+def sentences(zh: str) -> list[str]:
+    """The sentences of one translation (a display formula is not prose: no sentences)."""
+    if zh.lstrip().startswith(("\\", "$$")) or "\\begin" in zh:
+        return []
+    return [s.strip() for s in _SENTENCE_END.split(visible(zh)) if s.strip()]
+
+
+def long_sentences(po: Path, limit: int = LONG) -> tuple[int, list[str]]:
+    """``(number of sentences, the sentences over limit characters)`` of one catalogue."""
+    count, long = 0, []
+    for message in load(po):
+        if not message.id or not message.string:
+            continue
+        for sentence in sentences(message.string):
+            count += 1
+            if len(sentence) > limit:
+                long.append(sentence)
+    return count, long
+
+
+def long_report(pages: list[str] | None = None, show: int = 0) -> list[str]:
+    """Per page: sentences, those over LONG characters, the longest; ``show``: list that many of the longest."""
+    lines = [f"{'page':32s} {'sentences':>9s} {'>' + str(LONG) + ' chars':>10s} {'longest':>8s}"]
+    for po in sorted(CATALOGUES.rglob("*.po")):
+        page = str(po.relative_to(CATALOGUES).with_suffix(""))
+        if pages and page not in pages and Path(page).name not in pages:
+            continue
+        count, long = long_sentences(po)
+        lines.append(f"{page:32s} {count:9d} {len(long):10d} {max(map(len, long), default=0):8d}")
+        for sentence in sorted(long, key=len, reverse=True)[:show]:
+            lines.append(f"    {len(sentence):4d}  {sentence}")
+    return lines
+
+
 # Interface words that no catalogue holds: myst-nb's prompts on a cell whose code is
 # folded (the book folds only code, with the tag hide-input: tests/test_i18n.py checks).
 ZH_INTERFACE = {"nb_code_prompt_show": "显示代码", "nb_code_prompt_hide": "隐藏代码"}
@@ -342,13 +391,19 @@ def build(out: Path, strict: bool = True, timings: dict | None = None) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("update", "report", "check", "build"):
+    if not argv or argv[0] not in ("update", "report", "check", "long", "build"):
         print(__doc__)
         return 2
     if argv[0] == "update":
         update()
     elif argv[0] == "report":
         report()
+    elif argv[0] == "long":
+        show = 0
+        pages = argv[1:]
+        if pages and pages[0].startswith("--show="):
+            show, pages = int(pages[0].split("=", 1)[1]), pages[1:]
+        print("\n".join(long_report(pages, show)))
     elif argv[0] == "check":
         problems = check(argv[1:])
         print("\n".join(problems) or "no problems")
