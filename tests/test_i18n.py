@@ -172,6 +172,9 @@ DRIFTS = {
     "introduction （中文，*English*）": (
         "a stack of decoder blocks (decoder-only)", "一叠解码器块（仅解码器，*decoder-only*）", "中文（English）"),
     "introduction （*中文*，english）": ("the *prefill*", "（*预填充*，prefill）", "中文（English）"),
+    "stock phrase 现场运行": ("This is a live run: the curve differs between machines.", "这是一次现场运行：曲线在不同机器上略有差异。", "构建本页时"),
+    "stock phrase 毫无怨言": ("it runs without complaint", "它会毫无怨言地运行", "natural phrasing"),
+    "stock phrase 的那个运算": ("Attention is the one operation every model is built around.", "注意力是每个模型都围绕其构建的那个运算。", "natural phrasing"),
     "introduction with half-width parentheses": ("a causal mask", "因果掩码(causal mask)", "中文（English）"),
 }
 
