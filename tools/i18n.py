@@ -2,7 +2,8 @@
 
     python tools/i18n.py update          # after an English edit: new strings empty, changed ones fuzzy
     python tools/i18n.py report          # translated / fuzzy / untranslated entries per page
-    python tools/i18n.py check [PAGE...] # what tests/test_i18n.py checks, page by page
+    python tools/i18n.py check [PAGE...] # what tests/test_i18n.py checks, page by page (terms: locales/zh_CN/terms.toml)
+    python tools/i18n.py long [--show=N] [PAGE...]  # sentences over 80 characters per page (to watch, not a gate)
     python tools/i18n.py build [OUT]     # both editions: OUT/html (English), OUT/html/zh_CN (Chinese)
 
 The English pages are the one source (PEP 545's model): ``update`` runs Sphinx's
@@ -157,22 +158,112 @@ def glossary_terms() -> list[tuple[str, str]]:
     return pairs
 
 
-def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: bool = True) -> list[str]:
+# --- the term sheet (locales/zh_CN/terms.toml): one Chinese rendering per term ---
+
+TERM_SHEET = LOCALES / LANGUAGE / "terms.toml"
+_LATEX_ARG = re.compile(r"\\[A-Za-z]+\*?\{[^{}]*\}")  # \operatorname{LayerNorm}, \mathrm{FFN}, \text{tokens}
+_QUOTED_EN = re.compile(r'"([^"]+)"')
+_CJK = "\u4e00-\u9fff"
+
+
+def term_sheet(path: Path | None = None) -> list[dict]:
+    """The terms of ``terms.toml``: ``en``, ``zh``, compiled ``forbid``, ``when`` (or None) and ``allow``."""
+    import tomllib
+
+    data = tomllib.loads((path or TERM_SHEET).read_text(encoding="utf-8"))
+    sheet = []
+    for term in data["term"]:
+        sheet.append({"en": term["en"], "zh": term["zh"],
+                      "forbid": [re.compile(p) for p in term["forbid"]],
+                      "when": re.compile(term["when"], re.I) if term.get("when") else None,
+                      "allow": [re.compile(p) for p in term.get("allow", [])]})
+    return sheet
+
+
+def term_text(en: str, zh: str) -> str:
+    """The part of a translation the term sheet applies to.
+
+    Left out (the allow-list every term shares): roles, math and inline code, the
+    arguments of LaTeX commands, and any quotation that the English quotes word for
+    word ("BERT的FFN使用GELU激活函数" in the English: a seed blog's words, or a
+    diagram label such as "Add & LayerNorm", reproduced as they are).
+    """
+    text = _LATEX_ARG.sub(" ", prose(zh))
+    for quoted in _QUOTED_EN.findall(en):
+        if len(quoted.strip()) > 1:
+            text = text.replace(quoted, " ")
+    return text
+
+
+def term_problems(page: str, en: str, zh: str, sheet: list[dict], context: str | None = None) -> list[str]:
+    """Forbidden variants of the term sheet in one translation, one line each.
+
+    ``context`` (default: ``en``) is the English that a term's ``when`` is matched against: on the
+    glossary page, a Chinese cell's row (its English cell and itself).
+    """
+    head = en[:50].replace("\n", " ")
+    if zh == en and not re.search(f"[{_CJK}]", zh):  # kept in English (the glossary's English column)
+        return []
+    text = term_text(en, zh)
+    problems = []
+    for term in sheet:
+        if term["when"] and not term["when"].search(context or en):
+            continue
+        rest = text
+        for allowed in term["allow"]:
+            rest = allowed.sub(" ", rest)
+        # The introduction of the term: 层归一化（LayerNorm）, 前馈网络（FFN）.
+        name = re.split(r"[（；]", term["zh"])[0]
+        rest = re.sub(rf"{re.escape(name)}\**（[^（）]*）", " ", rest)
+        for variant in term["forbid"]:
+            for found in variant.finditer(rest):
+                problems.append(f"{page}: \"{head}...\" writes '{found.group(0)}' for '{term['en']}': "
+                                f"write '{term['zh']}' (locales/zh_CN/terms.toml)")
+    return problems
+
+
+# The one pattern for introducing a term: 中文（English）. What breaks it, as far as a
+# regular expression can tell: the Chinese inside the parenthesis before a comma and
+# the English (（仅解码器, *decoder-only*）, （*预填充*，prefill）), and half-width
+# parentheses after Chinese text (因果掩码(causal mask)).
+_INTRO_INSIDE = re.compile(rf"（\**[{_CJK}][{_CJK}\-]{{0,11}}\**\s*[,，]\s*(?:\*[A-Za-z]|[a-z])[A-Za-z\- ]*\*?"
+                           rf"(?:\s*[,，]\s*[A-Za-z]+)?）")
+_INTRO_HALF = re.compile(rf"[{_CJK}]\**\s?\(\*?[A-Za-z][A-Za-z\- ]+\*?\)")
+_ASCII_COMMA = re.compile(rf"（[^（）]*[{_CJK}]\**,\s*\*?[A-Za-z][^（）]*）")
+
+
+def introduction_problems(page: str, en: str, zh: str) -> list[str]:
+    head = en[:50].replace("\n", " ")
+    text = term_text(en, zh)
+    problems = []
+    for pattern, fix in ((_INTRO_INSIDE, "write 中文（English）: the Chinese before the parenthesis"),
+                         (_ASCII_COMMA, "an ASCII comma after Chinese: write 中文（English） or use ，"),
+                         (_INTRO_HALF, "half-width parentheses: write 中文（English）")):
+        for found in pattern.finditer(text):
+            problems.append(f"{page}: \"{head}...\" introduces a term as '{found.group(0)}': {fix}")
+    return problems
+
+
+def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: bool = True,
+               sheet: list[dict] | None = None) -> list[str]:
     """What is wrong with one page's catalogue, one line per problem (empty: nothing).
 
     ``counts=False`` leaves out the line on untranslated and fuzzy entries (checked on its own).
     """
     terms = glossary_terms() if terms is None else terms
+    sheet = term_sheet() if sheet is None else sheet
     page = str(po.relative_to(CATALOGUES).with_suffix(""))
     problems = []
     done, fuzzy, missing = catalogue_state(po)
     if counts and (fuzzy or missing):
         problems.append(f"{page}: {missing} untranslated and {fuzzy} fuzzy of {done + fuzzy + missing} entries "
                         f"(translate them; `python tools/i18n.py update` after an English edit)")
+    previous = ""
     for message in load(po):
         if not message.id or not message.string or message.fuzzy:
             continue
         en, zh = message.id, message.string
+        context, previous = f"{previous}\n{en}", en  # a glossary row: English cell, then Chinese cell
         head = en[:50].replace("\n", " ")
         if tokens(en) != tokens(zh):
             lost = sorted(set(tokens(en)) - set(tokens(zh)))
@@ -187,17 +278,71 @@ def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: boo
                 if re.search(rf"(?<![\w-]){re.escape(term_en.lower())}(?:s|es)?(?![\w-])", text) and term_zh not in zh:
                     problems.append(f"{page}: \"{head}...\" uses the glossary term '{term_en}' "
                                     f"but its translation lacks '{term_zh}'")
+        problems += term_problems(page, en, zh, sheet, context if page == "book/glossary" else None)
+        if page == "book/glossary" and zh == en and len(prose(en).split()) >= 10:
+            # The English column stays English; an explanation in it is prose, and is translated.
+            problems.append(f"{page}: \"{head}...\" is an explanation left in English: translate it "
+                            f"(keep the term itself in English)")
+        problems += introduction_problems(page, en, zh)
     return problems
 
 
 def check(pages: list[str] | None = None, counts: bool = True) -> list[str]:
-    terms = glossary_terms()
+    terms, sheet = glossary_terms(), term_sheet()
     problems = []
     for po in sorted(CATALOGUES.rglob("*.po")):
         page = str(po.relative_to(CATALOGUES).with_suffix(""))
         if not pages or page in pages or Path(page).name in pages:
-            problems += check_page(po, terms, counts=counts)
+            problems += check_page(po, terms, counts=counts, sheet=sheet)
     return problems
+
+
+# --- long sentences: a number to watch, not a gate ---
+
+LONG = 80  # characters: a Chinese sentence longer than this usually reads as translated English
+_SENTENCE_END = re.compile(r"(?<=[。！？])|\n+")
+
+
+def visible(text: str) -> str:
+    """Roughly what a reader sees of a translation: a role as its text or a short number, markup dropped."""
+    text = re.sub(r"\{[a-z:]+\}`([^`<]*)<[^`]*>`", r"\1", text)  # {ref}`text <target>`
+    text = re.sub(r"\{(?:glue|glue:text|numref|cite:t|cite:p|cite)\}`[^`]*`", "0", text)
+    text = re.sub(r"\{[a-z:]+\}`([^`]*)`", r"\1", text)
+    return re.sub(r"[*`$]", "", text)
+
+
+def sentences(zh: str) -> list[str]:
+    """The sentences of one translation (a display formula is not prose: no sentences)."""
+    if zh.lstrip().startswith(("\\", "$$")) or "\\begin" in zh:
+        return []
+    return [s.strip() for s in _SENTENCE_END.split(visible(zh)) if s.strip()]
+
+
+def long_sentences(po: Path, limit: int = LONG) -> tuple[int, list[str]]:
+    """``(number of sentences, the sentences over limit characters)`` of one catalogue."""
+    count, long = 0, []
+    for message in load(po):
+        if not message.id or not message.string:
+            continue
+        for sentence in sentences(message.string):
+            count += 1
+            if len(sentence) > limit:
+                long.append(sentence)
+    return count, long
+
+
+def long_report(pages: list[str] | None = None, show: int = 0) -> list[str]:
+    """Per page: sentences, those over LONG characters, the longest; ``show``: list that many of the longest."""
+    lines = [f"{'page':32s} {'sentences':>9s} {'>' + str(LONG) + ' chars':>10s} {'longest':>8s}"]
+    for po in sorted(CATALOGUES.rglob("*.po")):
+        page = str(po.relative_to(CATALOGUES).with_suffix(""))
+        if pages and page not in pages and Path(page).name not in pages:
+            continue
+        count, long = long_sentences(po)
+        lines.append(f"{page:32s} {count:9d} {len(long):10d} {max(map(len, long), default=0):8d}")
+        for sentence in sorted(long, key=len, reverse=True)[:show]:
+            lines.append(f"    {len(sentence):4d}  {sentence}")
+    return lines
 
 
 # Interface words that no catalogue holds: myst-nb's prompts on a cell whose code is
@@ -246,13 +391,19 @@ def build(out: Path, strict: bool = True, timings: dict | None = None) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("update", "report", "check", "build"):
+    if not argv or argv[0] not in ("update", "report", "check", "long", "build"):
         print(__doc__)
         return 2
     if argv[0] == "update":
         update()
     elif argv[0] == "report":
         report()
+    elif argv[0] == "long":
+        show = 0
+        pages = argv[1:]
+        if pages and pages[0].startswith("--show="):
+            show, pages = int(pages[0].split("=", 1)[1]), pages[1:]
+        print("\n".join(long_report(pages, show)))
     elif argv[0] == "check":
         problems = check(argv[1:])
         print("\n".join(problems) or "no problems")
