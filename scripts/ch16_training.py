@@ -9,12 +9,16 @@ topics, 10% held out) in windows of 64, 2 blocks of width 64 with 4 query heads:
 * the Llama-style model is ``companion.models.llama.Llama``: rotary positions,
   pre-RMSNorm, a SwiGLU feed-forward network, 2 key/value heads (GQA), no
   biases, an untied head. Its feed-forward width is the one that brings its
-  parameter count closest to the GPT's.
+  parameter count closest to the GPT's;
+* the same Llama-style model, from the same initial draw, with its residual
+  projections (each attention output and feed-forward down projection) scaled
+  by 1 / sqrt(2 L) as the GPT initialises them (GPT-2, section 2.3): the one
+  difference of initialisation between the two models, removed.
 
 Both see the same batches in the same order with the same recipe (AdamW, peak
 learning rate 3e-3, warm-up then cosine decay, weight decay 0.1, gradient
 clipping 1.0) for the same number of steps. Their steps are interleaved (GPT,
-Llama, GPT, Llama...) so that both are timed under the same machine load; the
+Llama, scaled Llama, GPT...) so that all are timed under the same machine load; the
 record holds each model's held-out loss every ``eval_every`` steps with the
 training seconds spent until then, so the chapter can plot the loss against
 steps and against measured time. Each seed draws its own initialisation and
@@ -70,6 +74,16 @@ def configs(vocab_size: int) -> tuple[GPTConfig, LlamaConfig]:
     return gpt_cfg, llama_cfg(best)
 
 
+@torch.no_grad()
+def scale_residual_projections(model: Llama) -> Llama:
+    """Scale the weights that write into the residual stream by 1 / sqrt(2 L), as GPT initialises them."""
+    factor = (2 * model.cfg.n_layers) ** -0.5
+    for block in model.blocks:
+        block.self_attn.out.weight.mul_(factor)
+        block.ffn.down.weight.mul_(factor)
+    return model
+
+
 def run_seed(seed: int, tcfg: TrainConfig, device: torch.device) -> dict:
     text = load_pydoc_text()
     tok = CharTokenizer(text)
@@ -79,7 +93,9 @@ def run_seed(seed: int, tcfg: TrainConfig, device: torch.device) -> dict:
     gpt = GPT(gpt_cfg).to(device)
     torch.manual_seed(seed)
     llama = Llama(llama_cfg).to(device)
-    models = {"gpt": gpt, "llama": llama}
+    torch.manual_seed(seed)
+    llama_scaled = scale_residual_projections(Llama(llama_cfg)).to(device)
+    models = {"gpt": gpt, "llama": llama, "llama_scaled_init": llama_scaled}
     opts = {name: torch.optim.AdamW(weight_decay_groups(m, tcfg.weight_decay), lr=tcfg.lr, betas=tcfg.betas)
             for name, m in models.items()}
     gen = torch.Generator().manual_seed(seed)
@@ -107,8 +123,8 @@ def run_seed(seed: int, tcfg: TrainConfig, device: torch.device) -> dict:
                 record[name]["eval_steps"].append(step + 1)
                 record[name]["eval_loss"].append(round(evaluate_lm(model, val_curve, SEQ_LEN), 4))
                 record[name]["eval_seconds"].append(round(record[name]["seconds"], 2))
-            print(f"seed {seed} step {step + 1}: gpt {record['gpt']['eval_loss'][-1]:.3f}, "
-                  f"llama {record['llama']['eval_loss'][-1]:.3f}", flush=True)
+            print(f"seed {seed} step {step + 1}: " + ", ".join(f"{name} {r['eval_loss'][-1]:.3f}"
+                                                              for name, r in record.items()), flush=True)
     final = {name: round(evaluate_lm(m, val_ids.to(device), SEQ_LEN), 4) for name, m in models.items()}
     result = {
         "seed": seed, "final_val_loss": final,
@@ -132,10 +148,13 @@ def main() -> None:
     runs = [run_seed(seed, tcfg, device) for seed in args.seeds]
     text = load_pydoc_text()
     gpt_cfg, llama_cfg = configs(CharTokenizer(text).vocab_size)
+    names = list(runs[0]["final_val_loss"])
     summary = {
-        "final_val_loss": {k: seed_spread([r["final_val_loss"][k] for r in runs]) for k in ("gpt", "llama")},
+        "final_val_loss": {k: seed_spread([r["final_val_loss"][k] for r in runs]) for k in names},
         "llama_minus_gpt": seed_spread([r["final_val_loss"]["llama"] - r["final_val_loss"]["gpt"] for r in runs]),
-        "seconds_per_step": {k: seed_spread([r["seconds_per_step"][k] for r in runs], 5) for k in ("gpt", "llama")},
+        "scaled_init_minus_llama": seed_spread([r["final_val_loss"]["llama_scaled_init"] - r["final_val_loss"]["llama"]
+                                                for r in runs]),
+        "seconds_per_step": {k: seed_spread([r["seconds_per_step"][k] for r in runs], 5) for k in names},
         "llama_over_gpt_time": seed_spread([r["seconds_per_step"]["llama"] / r["seconds_per_step"]["gpt"] for r in runs]),
     }
     result = {
