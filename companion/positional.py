@@ -41,6 +41,7 @@ __all__ = [
     "relative_position_bucket",
     "RelativePositionBias",
     "rope_frequencies",
+    "llama3_rope_frequencies",
     "rope_cos_sin",
     "rotate_half",
     "rotate_every_two",
@@ -228,12 +229,46 @@ def rope_frequencies(d_head: int, *, base: float = 10000.0) -> torch.Tensor:
     return _check_base(base) ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (Dh/2,)
 
 
+def llama3_rope_frequencies(
+    d_head: int,
+    *,
+    base: float = 500000.0,
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_positions: int = 8192,
+) -> torch.Tensor:
+    """RoPE's ``Dh / 2`` frequencies as Llama 3.1 rescales them for a longer context (``rope_type="llama3"``).
+
+    With wavelengths ``2 pi / theta_i`` and ``L = original_max_positions`` (the context
+    the model was first trained on): a frequency whose wavelength is shorter than
+    ``L / high_freq_factor`` is kept; one whose wavelength is longer than
+    ``L / low_freq_factor`` is divided by ``factor``; in between, the two are mixed
+    linearly in ``s = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``:
+    ``(1 - s) theta / factor + s theta``. The defaults are Llama 3.1's (Hugging Face
+    ``transformers``, ``modeling_rope_utils._compute_llama3_parameters``).
+    """
+    for name, value in (("factor", factor), ("low_freq_factor", low_freq_factor), ("high_freq_factor", high_freq_factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not high_freq_factor > low_freq_factor:
+        raise ValueError(f"high_freq_factor must exceed low_freq_factor, got {high_freq_factor} and {low_freq_factor}")
+    check_positive_int("original_max_positions", original_max_positions)
+    theta = rope_frequencies(d_head, base=base)  # (Dh/2,)
+    wavelength = 2 * math.pi / theta
+    scaled = torch.where(wavelength > original_max_positions / low_freq_factor, theta / factor, theta)
+    s = (original_max_positions / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    medium = (wavelength >= original_max_positions / high_freq_factor) & (wavelength <= original_max_positions / low_freq_factor)
+    return torch.where(medium, (1 - s) * scaled / factor + s * scaled, scaled)  # (Dh/2,)
+
+
 def rope_cos_sin(
     positions: torch.Tensor | int,
     d_head: int,
     *,
     base: float = 10000.0,
     layout: RopeLayout = "half",
+    frequencies: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosines and sines of the rotation angles ``p * theta_i``, each of shape ``(T, Dh)``.
 
@@ -242,6 +277,8 @@ def rope_cos_sin(
     batches); the result then has shape ``(B, T, Dh)``.
     ``layout="half"`` repeats the ``Dh/2`` angles as ``[a, a]`` (GPT-NeoX, HF
     Llama); ``"interleaved"`` as ``[a0, a0, a1, a1, ...]`` (RoFormer, GPT-J).
+    ``frequencies`` ``(Dh/2,)`` replaces :func:`rope_frequencies` (``base`` is then
+    unused): :func:`llama3_rope_frequencies` for Llama 3.1's rescaled RoPE.
     """
     if isinstance(positions, int) and not isinstance(positions, bool):
         positions = torch.arange(check_positive_int("positions", positions))
@@ -253,7 +290,13 @@ def rope_cos_sin(
         raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
     device = positions.device
     work = torch.device("cpu") if device.type == "mps" else device  # float64 angles; MPS has no float64
-    freqs = rope_frequencies(d_head, base=base).to(work)  # (Dh/2,)
+    if frequencies is None:
+        freqs = rope_frequencies(d_head, base=base)
+    else:
+        _check_even("d_head", d_head)
+        ShapeChecker().check("frequencies", frequencies, (d_head // 2,))
+        freqs = frequencies
+    freqs = freqs.to(work, torch.float64)  # (Dh/2,)
     angles = positions.to(work, torch.float64)[..., None] * freqs  # (..., T, Dh/2)
     angles = torch.cat((angles, angles), dim=-1) if layout == "half" else angles.repeat_interleave(2, dim=-1)  # (..., T, Dh)
     return angles.cos().float().to(device), angles.sin().float().to(device)

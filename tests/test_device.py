@@ -81,7 +81,9 @@ def _main_output(out) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", [c for c in FORWARDS if c.name in ("GPT-2 style", "SmallLM rope", "SmallLM alibi",
-                                                                     "BERT mlm", "DeBERTa v3")], ids=lambda c: c.name)
+                                                                     "BERT mlm", "DeBERTa v3", "Llama (GQA)",
+                                                                     "Qwen3 style (q/k norm, Dh not D/H)")],
+                         ids=lambda c: c.name)
 def test_forward_on_the_device_equals_the_cpu(case, device):
     torch.manual_seed(0)
     cpu = case.build().double().eval()

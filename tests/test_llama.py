@@ -21,7 +21,7 @@ from companion.calculators import count_parameters  # noqa: E402
 from companion.generation import generate  # noqa: E402
 from companion.kv_cache import KVCache  # noqa: E402
 from companion.models.llama import (  # noqa: E402
-    Llama, LlamaConfig, config_from_hf, from_hf, from_pretrained,
+    Llama, Llama3RopeScaling, LlamaConfig, config_from_hf, from_hf, from_pretrained,
 )
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -206,6 +206,43 @@ def test_from_pretrained_reads_a_saved_folder(tmp_path, family, tied):
         torch.testing.assert_close(from_hf(str(tmp_path))(idx), direct(idx), atol=0.0, rtol=0.0)
 
 
+def test_from_pretrained_takes_a_hub_name_through_transformers(monkeypatch):
+    """No network in the tests: transformers' two calls are replaced by the random model they would return."""
+    hf = _hf_model("qwen3", seed=11, tie_word_embeddings=True)
+    calls = []
+
+    def config_from_hub(name, **kw):
+        calls.append(("config", name))
+        return hf.config
+
+    def model_from_hub(name, **kw):
+        calls.append(("model", name))
+        return hf
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", config_from_hub)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model_from_hub)
+    loaded = from_pretrained("Qwen/Qwen3-0.6B")
+    assert calls == [("config", "Qwen/Qwen3-0.6B"), ("model", "Qwen/Qwen3-0.6B")]
+    idx = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(idx), hf(idx).logits, **TOL)
+    # a model of another kind is refused from its config, before its weights are downloaded
+    calls.clear()
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda name, **kw: calls.append(("config", name)) or transformers.GPT2Config())
+    with pytest.raises(TypeError, match="got model_type='gpt2'"):
+        from_pretrained("openai-community/gpt2")
+    assert calls == [("config", "openai-community/gpt2")]
+
+
+def test_from_hf_copies_a_half_precision_model_into_float32():
+    hf = _hf_model("llama", seed=12).to(torch.bfloat16)
+    ours = from_hf(hf)
+    assert {p.dtype for p in ours.parameters()} == {torch.float32}
+    torch.testing.assert_close(ours.blocks[1].ffn.down.weight, hf.model.layers[1].mlp.down_proj.weight.float(),
+                               atol=0.0, rtol=0.0)
+
+
 def test_from_pretrained_refuses_what_it_cannot_load(tmp_path, monkeypatch):
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=11, n_positions=8, n_embd=8, n_layer=1,
                                                                 n_head=2))
@@ -228,17 +265,49 @@ def test_from_pretrained_refuses_what_it_cannot_load(tmp_path, monkeypatch):
         from_pretrained("companion-tests/no-such-llama")
 
 
+def _with_rope_scaling(cfg, scaling: dict):
+    """``cfg`` with a rotary scaling, where this release of transformers keeps it."""
+    if isinstance(getattr(cfg, "rope_parameters", None), dict):  # transformers 5
+        cfg.rope_parameters = {**cfg.rope_parameters, **scaling}
+    else:  # transformers 4
+        cfg.rope_scaling = scaling
+    return cfg
+
+
+# Llama 3.1's rule on a small model: of the three frequencies of Dh = 6 at base 5,000 (wavelengths of
+# about 6, 107 and 1,837 positions), one is kept, one smoothed and one divided by the factor.
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 200}
+
+
+def test_llama3_rope_scaling_equals_hugging_face():
+    from companion.positional import llama3_rope_frequencies, rope_frequencies
+
+    _, model_cls = _classes("llama")
+    torch.manual_seed(0)
+    reference = _hf_model("llama", seed=9)
+    hf = model_cls(_with_rope_scaling(_hf_config("llama"), LLAMA3)).eval()
+    hf.load_state_dict(reference.state_dict())
+    ours = from_hf(hf)
+    scaling = ours.cfg.rope_scaling
+    assert (scaling.factor, scaling.original_max_positions) == (4.0, 200)
+    plain, scaled = rope_frequencies(6, base=5000.0), llama3_rope_frequencies(6, base=5000.0, **{
+        "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_positions": 200})
+    assert scaled[0] == plain[0] and scaled[2] == plain[2] / 4 and plain[1] / 4 < scaled[1] < plain[1]
+    idx = _ids((2, 40), seed=10)
+    with torch.no_grad():
+        want = hf(idx).logits
+        torch.testing.assert_close(ours(idx), want, **TOL)
+        assert (from_hf(reference)(idx) - want).abs().max() > 1e-2  # the scaling changes the logits
+    got = generate(ours, idx[:, :5], 10)
+    assert torch.equal(got, hf.generate(idx[:, :5], attention_mask=torch.ones_like(idx[:, :5]), max_new_tokens=10,
+                                        do_sample=False, min_new_tokens=10))
+
+
 def test_config_from_hf_names_what_it_does_not_implement():
-    config_cls, _ = _classes("llama")
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}
-    cfg = _hf_config("llama")
-    if hasattr(cfg, "rope_parameters"):
-        cfg.rope_parameters = {**cfg.rope_parameters, **llama3}
-    else:
-        cfg.rope_scaling = llama3
-    with pytest.raises(ValueError, match="rope_type='llama3'"):
-        config_from_hf(cfg)
+    with pytest.raises(ValueError, match="rope_type='yarn'"):
+        config_from_hf(_with_rope_scaling(_hf_config("llama"), {"rope_type": "yarn", "factor": 4.0,
+                                                                "original_max_position_embeddings": 32}))
     with pytest.raises(ValueError, match="attention_bias=True"):
         config_from_hf(_hf_config("llama", attention_bias=True))
     with pytest.raises(ValueError, match="mlp_bias=True"):
@@ -259,6 +328,9 @@ def test_config_from_hf_names_what_it_does_not_implement():
     old.rope_scaling = {"type": "yarn", "factor": 4.0}
     with pytest.raises(ValueError, match="rope_type='yarn'"):
         config_from_hf(old)
+    old.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}  # Llama 3.1's own values
+    assert config_from_hf(old).rope_scaling == Llama3RopeScaling()
 
 
 def test_bad_configs_raise_clear_errors():
@@ -280,6 +352,10 @@ def test_bad_configs_raise_clear_errors():
         LlamaConfig(**base, norm_eps=0.0)
     with pytest.raises(TypeError, match="qk_norm must be a bool"):
         LlamaConfig(**base, qk_norm=1)
+    with pytest.raises(TypeError, match="rope_scaling must be None or a Llama3RopeScaling"):
+        LlamaConfig(**base, rope_scaling={"factor": 8.0})
+    with pytest.raises(ValueError, match="high_freq_factor must exceed low_freq_factor, got 1.0 and 2.0"):
+        Llama3RopeScaling(low_freq_factor=2.0, high_freq_factor=1.0)
     with pytest.raises(TypeError, match="cfg must be a LlamaConfig"):
         Llama(base)
     # replace: a derived d_head and a multi-head n_kv_heads follow the new sizes

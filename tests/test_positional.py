@@ -320,3 +320,28 @@ def test_shipped_results_and_weights_agree():
             {k: tuple(v.shape) for k, v in states[scheme].items()}, scheme
         by_length, _ = extrapolation.evaluate_lengths(model, data, exp, lengths=(short,))
         assert abs(by_length[str(short)] - results["loss"][scheme][str(short)]) < 1e-3, scheme
+
+def test_rope_with_one_row_of_positions_per_sequence():
+    """Left-padded batches: (B, T) positions give (B, T, Dh) angles, applied per sequence to every head."""
+    positions = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])
+    cos, sin = rope_cos_sin(positions, 8, base=500.0)
+    assert cos.shape == sin.shape == (2, 5, 8)
+    x = torch.randn(2, 3, 5, 8)  # (B, H, T, Dh)
+    got = apply_rope(x, cos[:, None], sin[:, None])
+    for b in range(2):
+        torch.testing.assert_close(got[b], apply_rope(x[b], *rope_cos_sin(positions[b], 8, base=500.0)))
+    with pytest.raises(ValueError, match=r"cos of shape \(3, 1, 5, 8\) does not broadcast to x of shape \(2, 3, 5, 8\)"):
+        apply_rope(x, cos[:1].expand(3, 5, 8)[:, None], sin[:1].expand(3, 5, 8)[:, None])
+
+
+def test_rope_takes_given_frequencies():
+    from companion.positional import llama3_rope_frequencies, rope_frequencies
+
+    theta = rope_frequencies(8, base=10.0)
+    torch.testing.assert_close(rope_cos_sin(6, 8, frequencies=theta)[0], rope_cos_sin(6, 8, base=10.0)[0])
+    assert not torch.allclose(rope_cos_sin(6, 8, frequencies=2 * theta)[0], rope_cos_sin(6, 8, base=10.0)[0])
+    with pytest.raises(ValueError, match="frequencies"):
+        rope_cos_sin(6, 8, frequencies=theta[:3])
+    # Llama 3.1's values: the highest frequencies kept, the lowest divided by 8, none raised
+    plain, scaled = rope_frequencies(128, base=500000.0), llama3_rope_frequencies(128)
+    assert scaled[0] == plain[0] and scaled[-1] == plain[-1] / 8 and bool((scaled <= plain).all())

@@ -11,6 +11,7 @@ table. Two switches cover the Qwen families: ``qkv_bias`` (Qwen2: biases on the
 query, key and value projections, none on the output) and ``qk_norm`` (Qwen3: an
 RMSNorm over each head's query and key, before the rotation). ``d_head`` need
 not be ``d_model / n_heads`` (Qwen3-0.6B: 16 heads of 128 on a width of 1,024).
+``rope_scaling`` adds Llama 3.1's rescaled rotary frequencies (Llama 3.1, 3.2).
 
 References: Touvron et al. (2023), "LLaMA" (section 2.2: pre-normalisation with
 RMSNorm, SwiGLU, rotary embeddings); Ainslie et al. (2023) (grouped-query
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -38,11 +40,11 @@ from .._checks import check_token_ids
 from ..attention import RotaryAttention
 from ..blocks import Block, GatedFeedForward, RMSNorm
 from ..kv_cache import KVCache
-from ..positional import rope_cos_sin
+from ..positional import llama3_rope_frequencies, rope_cos_sin
 from ._hf import copy_by_name_map, fuse_rows, hf_source, read_hf_folder
 
 __all__ = [
-    "LlamaConfig", "LlamaAttention", "LlamaBlock", "Llama", "llama_param_formula",
+    "Llama3RopeScaling", "LlamaConfig", "LlamaAttention", "LlamaBlock", "Llama", "llama_param_formula",
     "HF_MODEL_TYPES", "config_from_hf", "from_hf", "from_pretrained",
 ]
 
@@ -50,6 +52,24 @@ __all__ = [
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's rescaled RoPE (Hugging Face ``rope_type="llama3"``), see
+    :func:`~companion.positional.llama3_rope_frequencies`; the defaults are Llama 3.1's."""
+
+    factor: float = 8.0  # long wavelengths are slowed down by this factor
+    low_freq_factor: float = 1.0  # wavelengths above original_max_positions / low_freq_factor: divided by factor
+    high_freq_factor: float = 4.0  # wavelengths below original_max_positions / high_freq_factor: kept
+    original_max_positions: int = 8192  # the context of the first training stage
+
+    def __post_init__(self) -> None:
+        llama3_rope_frequencies(2, **vars(self))  # the same checks as the function that uses the values
+
+    def frequencies(self, d_head: int, base: float) -> torch.Tensor:
+        """The ``Dh / 2`` rescaled frequencies, float64."""
+        return llama3_rope_frequencies(d_head, base=base, **vars(self))
 
 
 @dataclass(frozen=True)
@@ -62,11 +82,12 @@ class LlamaConfig:
     max_positions: int  # longest sequence the model reads (prompt + generated tokens); RoPE has no table
     n_kv_heads: int | None = None  # Hkv, key/value heads; None: n_heads (filled in); 1: multi-query; between: GQA
     d_head: int | None = None  # Dh; None: d_model // n_heads (filled in); Qwen3 sets it independently of D
-    rope_base: float = 10000.0  # RoPE's base (Hugging Face's rope_theta; Llama 3 and Qwen: 500,000 and 1,000,000)
+    rope_base: float = 10000.0  # RoPE's base (Hugging Face's rope_theta; Llama 3: 500,000)
     norm_eps: float = 1e-6  # epsilon of every RMSNorm
     qkv_bias: bool = False  # biases on the q, k, v projections, none on the output (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head's q and k before the rotation (Qwen3)
     tie_embeddings: bool = False  # the LM head shares the token-embedding matrix
+    rope_scaling: Llama3RopeScaling | None = None  # Llama 3.1/3.2's rescaled frequencies; None: plain RoPE
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
@@ -92,6 +113,8 @@ class LlamaConfig:
         for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
+            raise TypeError(f"rope_scaling must be None or a Llama3RopeScaling, got {type(self.rope_scaling).__name__}")
 
     def replace(self, **changes) -> LlamaConfig:
         """A copy with some fields changed (validated again).
@@ -204,16 +227,18 @@ class Llama(nn.Module):
             if cache.n_layers != self.cfg.n_layers:
                 raise ValueError(f"cache has {cache.n_layers} layers, the model {self.cfg.n_layers}")
         b, t = idx.shape
+        cfg = self.cfg
         start = 0 if cache is None else cache.length
         if start + t > self.cfg.max_positions:
             raise ValueError(
                 f"positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}: "
                 f"{start} cached + {t} new tokens; crop the context"
             )
+        freqs = None if cfg.rope_scaling is None else cfg.rope_scaling.frequencies(cfg.d_head, cfg.rope_base)
         if attention_mask is None:
             pos = torch.arange(start, start + t, device=idx.device)  # (T,)
             mask = None  # causal only: is_causal below (bottom-right aligned when keys are cached)
-            rope = rope_cos_sin(pos, self.cfg.d_head, base=self.cfg.rope_base)  # 2 x (T, Dh)
+            rope = rope_cos_sin(pos, cfg.d_head, base=cfg.rope_base, frequencies=freqs)  # 2 x (T, Dh)
         else:
             if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (b, start + t):
                 got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
@@ -222,7 +247,7 @@ class Llama(nn.Module):
             # Position of a token = number of real tokens before it (padding takes no position).
             pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
             mask = keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
-            cos, sin = rope_cos_sin(pos, self.cfg.d_head, base=self.cfg.rope_base)  # 2 x (B, T, Dh)
+            cos, sin = rope_cos_sin(pos, cfg.d_head, base=cfg.rope_base, frequencies=freqs)  # 2 x (B, T, Dh)
             rope = (cos[:, None], sin[:, None])  # 2 x (B, 1, T, Dh): one rotation per sequence, for every head
         x = self.tok_emb(idx)  # (B, T, D)
         for block in self.blocks:
@@ -263,37 +288,45 @@ _HF_DEFAULTS = {
 }
 
 
-def _rope_base(hf_config, model_type: str) -> float:
-    """``rope_theta`` from a config of either generation, refusing any rotary scaling it does not implement.
+def _rope_from_hf(hf_config, model_type: str) -> tuple[float, Llama3RopeScaling | None]:
+    """``(rope_theta, scaling)`` from a config of either generation; refuses the scalings it does not implement.
 
-    ``transformers`` 5 keeps ``{"rope_type": ..., "rope_theta": ...}`` in
+    ``transformers`` 5 keeps ``{"rope_type": ..., "rope_theta": ..., <scaling keys>}`` in
     ``rope_parameters``; earlier releases (and older config.json files) have
-    ``rope_theta`` and ``rope_scaling`` (``None`` or ``{"rope_type"|"type": ...}``).
+    ``rope_theta`` and ``rope_scaling`` (``None`` or ``{"rope_type"|"type": ..., <scaling keys>}``).
     """
     params = getattr(hf_config, "rope_parameters", None)
-    scaling = getattr(hf_config, "rope_scaling", None)
     params = dict(params) if isinstance(params, dict) else {}
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if isinstance(scaling, dict) and params.get("rope_type", params.get("type")) in (None, "default"):
+        params = {**scaling, **{k: v for k, v in params.items() if k not in ("rope_type", "type")}}
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    theta = float(10000.0 if theta is None else theta)
     kind = params.get("rope_type", params.get("type"))
-    if isinstance(scaling, dict) and kind in (None, "default"):
-        kind = scaling.get("rope_type", scaling.get("type"))
-    if kind not in (None, "default"):
-        raise ValueError(f"{model_type} config uses rotary scaling rope_type={kind!r}, which companion's Llama does not "
-                         f"implement (only unscaled RoPE: rope_type 'default' or none); e.g. Llama 3.1/3.2 use 'llama3'")
-    if params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) not in (None, 1, 1.0):
-        raise ValueError(f"{model_type} config rotates only part of each head (partial_rotary_factor="
-                         f"{params.get('partial_rotary_factor', getattr(hf_config, 'partial_rotary_factor', None))}); "
+    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"{model_type} config rotates only part of each head (partial_rotary_factor={partial}); "
                          f"companion's Llama rotates whole heads")
-    return float(10000.0 if theta is None else theta)
+    if kind in (None, "default"):
+        return theta, None
+    if kind == "llama3":
+        original = params.get("original_max_position_embeddings", getattr(hf_config, "max_position_embeddings", None))
+        return theta, Llama3RopeScaling(factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+                                        high_freq_factor=float(params["high_freq_factor"]),
+                                        original_max_positions=int(original))
+    raise ValueError(f"{model_type} config uses rotary scaling rope_type={kind!r}, which companion's Llama does not "
+                     f"implement (it implements unscaled RoPE, rope_type 'default', and Llama 3.1's 'llama3')")
 
 
 def config_from_hf(hf_config) -> LlamaConfig:
     """The :class:`LlamaConfig` of a Hugging Face ``LlamaConfig``, ``Qwen2Config`` or ``Qwen3Config``.
 
     Also takes a config.json read into a namespace (keys left at their defaults may
-    be absent). Raises ``ValueError`` naming what it does not implement: rotary
-    scaling (Llama 3.1's ``"llama3"``, YaRN, ...), sliding-window attention, biases on
-    the attention output or the MLP, an activation other than SiLU.
+    be absent). Llama 3.1's rescaled RoPE (``rope_type="llama3"``) becomes a
+    :class:`Llama3RopeScaling`. Raises ``ValueError`` naming what it does not implement:
+    other rotary scalings (linear, dynamic, YaRN, LongRoPE), partial rotation,
+    sliding-window attention, biases on the attention output or the MLP, an
+    activation other than SiLU.
     """
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in HF_MODEL_TYPES:
@@ -320,11 +353,12 @@ def config_from_hf(hf_config) -> LlamaConfig:
                          f"{get('use_sliding_window', False)}, sliding_window={get('sliding_window')}, layers "
                          f"{sliding or 'from max_window_layers on'}); companion's Llama attends to every earlier token")
     d_model, n_heads = get("hidden_size", 4096), get("num_attention_heads", 32)
+    rope_base, rope_scaling = _rope_from_hf(hf_config, model_type)
     return LlamaConfig(
         vocab_size=get("vocab_size"), d_model=d_model, n_layers=get("num_hidden_layers", 32), n_heads=n_heads,
         d_ff=get("intermediate_size", 11008), max_positions=get("max_position_embeddings"),
         n_kv_heads=get("num_key_value_heads", n_heads), d_head=get("head_dim", d_model // n_heads),
-        rope_base=_rope_base(hf_config, model_type), norm_eps=float(get("rms_norm_eps")),
+        rope_base=rope_base, rope_scaling=rope_scaling, norm_eps=float(get("rms_norm_eps")),
         qkv_bias=model_type == "qwen2", qk_norm=model_type == "qwen3",
         tie_embeddings=bool(get("tie_word_embeddings", False)),
     )
@@ -360,9 +394,13 @@ def from_hf(source) -> Llama:
 
     The separate ``q_proj``, ``k_proj``, ``v_proj`` are stacked into the fused ``qkv``
     (rows of q, then k, then v, biases likewise); every other tensor is copied by name,
-    and anything missing, left over or of the wrong shape is reported by name.
+    and anything missing, left over or of the wrong shape is reported by name. The
+    model is float32 whatever the source's dtype (a bfloat16 checkpoint is widened).
     """
-    hf_config, state_dict = hf_source(source)
+    return _load(*hf_source(source))
+
+
+def _load(hf_config, state_dict: dict[str, torch.Tensor]) -> Llama:
     model = Llama(config_from_hf(hf_config))
     state_dict = fuse_rows(state_dict, ("q_proj", "k_proj", "v_proj"), "qkv", r"\.self_attn$")
     ignore = _HF_IGNORE if model.cfg.tie_embeddings else _HF_IGNORE[:1]
@@ -383,11 +421,11 @@ def from_pretrained(name_or_path: str | Path) -> Llama:
     """
     path = Path(name_or_path)
     if path.is_dir():
-        config, _ = read_hf_folder(path)  # raises for a folder without config.json or weights
+        config, state_dict = read_hf_folder(path)  # raises for a folder without config.json or weights
         if config.get("model_type") not in HF_MODEL_TYPES:
             raise ValueError(f"{path} holds a {config.get('model_type')!r} checkpoint; expected one of "
                              f"{sorted(HF_MODEL_TYPES)}")
-        return from_hf(path)
+        return _load(SimpleNamespace(**config), state_dict)
     if path.exists():
         raise ValueError(f"{path} is a file; expected a folder written by save_pretrained or a hub name")
     try:
