@@ -28,24 +28,24 @@ BOUND_SECONDS = 2 * NOTEBOOK_SECONDS + 10 + 6 * len(list(FIXTURES.rglob("*.ipynb
 # notebook -> (status, {exercise: earned})
 EXPECTED = {
     "sol-ch02.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
-    "sol-ch09.ipynb": ("graded", {"9.1": 8, "9.2": 7, "9.3": 6, "9.4": 6}),
+    "sol-ch09.ipynb": ("graded", {"9.1": 8, "9.2": 7, "9.3": 6, "9.4": 6, "9.5": 12, "9.6": 11}),
     "untouched-ch02.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
-    "untouched-ch09.ipynb": ("graded", {"9.1": 0, "9.2": 0, "9.3": 0, "9.4": 0}),
+    "untouched-ch09.ipynb": ("graded", {"9.1": 0, "9.2": 0, "9.3": 0, "9.4": 0, "9.5": 0, "9.6": 0}),
     "h-patches-run-case.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
-    "h-wraps-grade-namespace.ipynb": ("graded", {"9.1": 0, "9.2": 0, "9.3": 0, "9.4": 0}),
+    "h-wraps-grade-namespace.ipynb": ("graded", {"9.1": 0, "9.2": 0, "9.3": 0, "9.4": 0, "9.5": 0, "9.6": 0}),
     "h-writes-outside.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
     "h-hangs-ignoring-sigint.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
     "h-hangs-every-call.ipynb": ("timeout", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
     "h-not-json.ipynb": ("invalid notebook", {}),
     "h-no-companion-metadata.ipynb": ("not an exercise", {}),
     "h-prints-without-newline.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
-    "h-one-slow-case.ipynb": ("graded", {"9.1": 6, "9.2": 7, "9.3": 6, "9.4": 6}),
-    "h-kills-its-process.ipynb": ("graded", {"9.1": 8, "9.2": 0, "9.3": 6, "9.4": 6}),
+    "h-one-slow-case.ipynb": ("graded", {"9.1": 6, "9.2": 7, "9.3": 6, "9.4": 6, "9.5": 12, "9.6": 11}),
+    "h-kills-its-process.ipynb": ("graded", {"9.1": 8, "9.2": 0, "9.3": 6, "9.4": 6, "9.5": 12, "9.6": 11}),
     "h-scales-q-in-place.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
     "h-zeroes-its-inputs.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
     "h-all-nan.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
     "h-imports-reference-ch02.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 0, "2.4": 0}),
-    "h-imports-reference-ch09.ipynb": ("graded", {"9.1": 0, "9.2": 7, "9.3": 0, "9.4": 6}),
+    "h-imports-reference-ch09.ipynb": ("graded", {"9.1": 0, "9.2": 7, "9.3": 0, "9.4": 6, "9.5": 0, "9.6": 0}),
     "h-defines-in-check-cell.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
     "h-copies-other-solutions.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
     "h-fills-disk-and-memory.ipynb": ("graded", {"2.1": 8, "2.2": 5, "2.3": 6, "2.4": 9}),
@@ -54,7 +54,8 @@ EXPECTED = {
     "h-reads-second-copy.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
     "own-work-ch02.ipynb": ("graded", {"2.1": 0, "2.2": 5, "2.3": 0, "2.4": 0}),
     "nested/submission_1001/ch02_attention.ipynb": ("graded", {"2.1": 0, "2.2": 0, "2.3": 0, "2.4": 0}),
-    "nested/submission_1002/work/deeper/ch09_gpt.ipynb": ("graded", {"9.1": 0, "9.2": 0, "9.3": 0, "9.4": 0}),
+    "nested/submission_1002/work/deeper/ch09_gpt.ipynb": ("graded", {"9.1": 0, "9.2": 0, "9.3": 0, "9.4": 0, "9.5": 0,
+                                                                    "9.6": 0}),
     "nested/submission_1003/homework.pdf": ("not a notebook", {}),
     "nested/submission_1003/answers_ch09.py": ("not a notebook", {}),
 }
@@ -160,7 +161,8 @@ def test_flags(batch):
     assert not_copy_flags(rows["h-imports-reference-ch02.ipynb"]) == [
         "uses companion.attention, which exercise 2.1 forbids", "uses companion.masks, which exercise 2.2 forbids"]
     assert rows["h-imports-reference-ch09.ipynb"]["flags"] == [
-        "uses companion.tokenizers, which exercise 9.2 forbids", "uses companion.models, which exercise 9.4 forbids"]
+        "uses companion.tokenizers, which exercise 9.2 forbids", "uses companion.models, which exercise 9.4 forbids",
+        "uses companion.models, which exercise 9.5 forbids"]  # 9.5 grades gpt_param_count too
     assert rows["h-hides-its-import.ipynb"]["flags"] == [
         "uses companion.attention, which exercise 2.1 forbids (an import seen at run time)"]
     assert any("check cell" in f and "split_heads" in f for f in rows["h-defines-in-check-cell.ipynb"]["flags"])

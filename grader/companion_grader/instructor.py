@@ -161,7 +161,10 @@ def _forbidden_hits(ex: Any, used: set[str]) -> list[str]:
 def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dict[str, list[str]]]:
     """Notebook-level flags and flags per exercise id, from the code alone (nothing is run)."""
     notebook_flags: list[str] = []
-    owner = {name: ex.id for ex in exercises for name in ex.targets}
+    owner: dict[str, set[str]] = {}  # a target may belong to several exercises (9.5 also grades 9.4's function)
+    for ex in exercises:
+        for name in ex.targets:
+            owner.setdefault(name, set()).add(ex.id)
     used_by: dict[str, set[str]] = {ex.id: set() for ex in exercises}
     shared: set[str] = set()  # names used by cells that define no exercise's target (imports, helpers)
     for i, cell in enumerate(nb["cells"]):
@@ -172,7 +175,7 @@ def find_flags(nb: dict[str, Any], exercises: list[Any]) -> tuple[list[str], dic
         except SyntaxError:
             continue  # IPython syntax or a typo: the worker reports the cell's error
         defined = _defined_names(tree)
-        owners = {owner[n] for n in defined if n in owner}
+        owners = {ex_id for n in defined for ex_id in owner.get(n, ())}
         for ex_id in owners:
             used_by[ex_id] |= _used_names(tree)
         if not owners:
