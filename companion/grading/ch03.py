@@ -122,13 +122,13 @@ def _rope_ref(x, positions):
 def _rope_values(student):
     x = torch.randn(2, 3, 7, 12)
     pos = torch.arange(7)
-    expect_tensor(student(x, pos), _rope_ref(x, pos), name="rope(x of shape (2, 3, 7, 12), positions 0..6)")
+    expect_tensor(student(x, pos), _rope_ref(x, pos), name="rope_half(x of shape (2, 3, 7, 12), positions 0..6)")
 
 
 def _rope_positions(student):
     x = torch.randn(1, 2, 5, 8)
     pos = torch.tensor([3, 10, 11, 40, 99])
-    expect_tensor(student(x, pos), _rope_ref(x, pos), name="rope with positions [3, 10, 11, 40, 99]")
+    expect_tensor(student(x, pos), _rope_ref(x, pos), name="rope_half with positions [3, 10, 11, 40, 99]")
 
 
 def _rope_layout(student):
@@ -139,7 +139,7 @@ def _rope_layout(student):
     if isinstance(got, torch.Tensor) and got.shape == inter.shape and torch.allclose(got, inter, atol=1e-5):
         raise CheckFailed("this is the interleaved layout (pairs 2i, 2i+1); the exercise asks for the half layout "
                           "(pairs i, i + Dh/2, as HF Llama's rotate_half)")
-    expect_tensor(got, _rope_ref(x, pos), name="rope(x of shape (4, 6))")
+    expect_tensor(got, _rope_ref(x, pos), name="rope_half(x of shape (4, 6))")
 
 
 def _rope_offset(student):
@@ -157,7 +157,7 @@ def _rope_offset(student):
 register(Exercise(
     id="3.3",
     title="Rotary position embedding (half layout)",
-    targets=("rope",),
+    targets=("rope_half",),
     forbidden=("companion.positional",),  # the reference itself
     cases=(
         Case("random queries (B=2, H=3, T=7, Dh=12)", 2, _rope_values),
