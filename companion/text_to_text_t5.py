@@ -40,11 +40,13 @@ from .training import TrainConfig, train
 
 __all__ = ["CharVocab", "TextToTextRecipe", "encode_pairs", "exact_match_by_task", "heldout_pairs", "training_inputs",
            "round_to_float16", "evaluate_heldout", "train_text_to_text", "load_text_to_text", "CHECKPOINT",
-           "corpus_characters", "span_corruption_batch", "pretrain_span_corruption", "load_pretraining_record",
-           "PRETRAINING_RECORD"]
+           "corpus_characters", "span_corruption_batch", "training_examples", "pretrain_span_corruption", "load_pretraining_record",
+           "PRETRAINING_RECORD", "PRETRAINING_CONTROL_RECORD"]
 
 CHECKPOINT = "ch11_text_to_text"
 PRETRAINING_RECORD = "ch11_pretraining"  # scripts/ch11_pretraining.py: with and without span corruption, three seeds
+# scripts/ch11_pretraining.py --control tasks: the pre-trained arm again, span corruption over the tasks' own strings
+PRETRAINING_CONTROL_RECORD = "ch11_pretraining_control"
 CHARS = "0123456789 +:abcdefghijklmnopqrstuvwxyz"
 
 
@@ -164,11 +166,16 @@ def heldout_pairs(n_per_task: int, seed: int, exclude: set[str] = frozenset()) -
     return out
 
 
+def training_examples(seed: int, n: int) -> list[tuple[str, str]]:
+    """The first ``n`` (input, target) pairs of the training stream of seed ``seed``, in the order
+    :func:`train_text_to_text` draws them (``random.Random(seed)``, the tasks in turn)."""
+    rng = random.Random(seed)
+    return [make_example(TASKS[i % len(TASKS)], rng) for i in range(n)]
+
+
 def training_inputs(recipe: TextToTextRecipe) -> set[str]:
     """Every input the training stream of ``recipe`` shows (replayed from its seed, as :func:`train_text_to_text` draws them)."""
-    rng = random.Random(recipe.seed)
-    return {make_example(TASKS[(step * recipe.batch_size + i) % len(TASKS)], rng)[0]
-            for step in range(recipe.train.steps) for i in range(recipe.batch_size)}
+    return {x for x, _ in training_examples(recipe.seed, recipe.train.steps * recipe.batch_size)}
 
 
 @torch.no_grad()
@@ -322,8 +329,12 @@ def load_text_to_text() -> tuple[EncoderDecoder, CharVocab, dict[str, Any]]:
     return model.eval(), vocab, record
 
 
-def load_pretraining_record() -> dict[str, Any]:
+def load_pretraining_record(control: bool = False) -> dict[str, Any]:
     """The record of ``scripts/ch11_pretraining.py``: its protocol and one entry per run (seed, pre-trained or not,
-    held-out exact match per task, learning curve, times)."""
-    ref = resources.files("companion.checkpoints") / f"{PRETRAINING_RECORD}.json"
+    held-out exact match per task, learning curve, times).
+
+    ``control=True``: the record of ``--control tasks`` (pre-trained runs only, span corruption over the tasks'
+    own strings instead of the course corpus).
+    """
+    ref = resources.files("companion.checkpoints") / f"{PRETRAINING_CONTROL_RECORD if control else PRETRAINING_RECORD}.json"
     return json.loads(ref.read_text(encoding="utf-8"))

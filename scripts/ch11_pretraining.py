@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -41,18 +40,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from companion.text_to_text_t5 import TextToTextRecipe, pretrain_span_corruption, train_text_to_text  # noqa: E402
-from companion.text_to_text import TASKS, make_example  # noqa: E402
+from companion.text_to_text_t5 import (  # noqa: E402
+    TextToTextRecipe, pretrain_span_corruption, train_text_to_text, training_examples,
+)
 from companion.training import TrainConfig  # noqa: E402
 
 
 def task_text(seed: int, n: int = 20_000) -> str:
-    """The first ``n`` examples of seed ``seed``'s multi-task training stream, inputs and targets, as text.
-
-    The stream of :func:`train_text_to_text`: ``random.Random(seed)``, the tasks in turn.
-    """
-    rng = random.Random(seed)
-    return " ".join(f"{x} {y}" for x, y in (make_example(TASKS[i % len(TASKS)], rng) for i in range(n)))
+    """The first ``n`` examples of seed ``seed``'s multi-task training stream, inputs and targets, as text."""
+    return " ".join(f"{x} {y}" for x, y in training_examples(seed, n))
 
 
 def main() -> None:

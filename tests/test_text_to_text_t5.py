@@ -12,6 +12,7 @@ from companion.checkpoints import checkpoint_names
 from companion.text_to_text import TASKS, make_mixture
 from companion.text_to_text_t5 import (CHECKPOINT, PRETRAINING_RECORD, CharVocab, TextToTextRecipe, corpus_characters,
                                        encode_pairs, evaluate_heldout, heldout_pairs, load_pretraining_record,
+                                       PRETRAINING_CONTROL_RECORD, training_examples,
                                        load_text_to_text, pretrain_span_corruption, span_corruption_batch,
                                        train_text_to_text, training_inputs)
 from companion.training import TrainConfig
@@ -115,3 +116,35 @@ def test_pretraining_record_holds_both_runs_of_every_seed():
     for run in record["runs"]:
         assert set(run["exact_match"]) == set(TASKS) and (run["pretrain"] is not None) == run["pretrained"]
         assert abs(run["mean_exact_match"] - sum(run["exact_match"].values()) / len(TASKS)) < 1e-12
+
+
+@pytest.mark.skipif(not (resources.files("companion.checkpoints") / f"{PRETRAINING_CONTROL_RECORD}.json").is_file(),
+                    reason="scripts/ch11_pretraining.py --control tasks has not been run")
+def test_pretraining_control_pairs_with_the_main_record():
+    """The control repeats the pre-trained arm of the main record's seeds, with the same protocol but its text."""
+    record, control = load_pretraining_record(), load_pretraining_record(control=True)
+    assert control["protocol"]["control"] == "tasks" and record["protocol"].get("control") is None
+    same = {k for k in record["protocol"] if k not in ("seeds", "seeds_completed", "control")}
+    assert {k: control["protocol"][k] for k in same} == {k: record["protocol"][k] for k in same}
+    seeds = control["protocol"]["seeds_completed"]
+    assert len(seeds) >= 3 and set(seeds) <= set(record["protocol"]["seeds_completed"])
+    assert sorted(r["seed"] for r in control["runs"]) == sorted(seeds) and all(r["pretrained"] for r in control["runs"])
+    for run in control["runs"]:
+        assert set(run["exact_match"]) == set(TASKS) and run["pretrain"]["steps"] == record["protocol"]["pretrain_steps"]
+
+
+def test_the_control_text_is_the_training_stream():
+    """--control tasks pre-trains on the first examples of the multi-task training stream: no held-out answer."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ch11_pretraining.py"
+    spec = importlib.util.spec_from_file_location("ch11_pretraining", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recipe = dataclasses.replace(TextToTextRecipe(), seed=4)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, steps=5, warmup_steps=0))  # 320 examples
+    first = training_examples(4, 300)
+    assert script.task_text(4, n=300) == " ".join(f"{x} {y}" for x, y in first)
+    assert {x for x, _ in first} <= training_inputs(recipe)
+    assert not {x for x, _ in first} & {x for x, _ in heldout_pairs(50, 4, exclude=training_inputs(recipe))}
