@@ -17,7 +17,7 @@ from ..calculators import count_parameters
 from ..mlm import MaskingDraws, apply_mlm_draws, special_tokens_mask
 from ..models.bert import BertConfig, BertForMaskedLM, from_hf_bert
 from ..tokenizers.wordpiece import wordpiece_encode_word
-from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
+from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student, student_model_with
 
 
 # ----------------------------------------------------------------- 7.1 BERT input embeddings
@@ -238,21 +238,7 @@ def _mapped_state(ref: BertForMaskedLM) -> dict[str, torch.Tensor]:
 
 def _student_bert(cls, ref: BertForMaskedLM):
     """``cls(cfg)`` holding the reference's weights (names through :func:`bert_name_map`), in eval mode."""
-    model = cls(ref.cfg)
-    want = _mapped_state(ref)
-    got = model.state_dict()
-    if not isinstance(got, dict):
-        raise CheckFailed(f"MyBERT(cfg).state_dict() should be a dict of tensors, got {type(got).__name__}")
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    if missing or extra:
-        raise CheckFailed(f"MyBERT's parameter names differ from the chapter's MiniBert: missing {missing[:4]}, "
-                          f"unexpected {extra[:4]} (name the modules as the statement lists them)")
-    for name, tensor in want.items():
-        if tuple(got[name].shape) != tuple(tensor.shape):
-            raise CheckFailed(f"{name} should have shape {tuple(tensor.shape)}, got {tuple(got[name].shape)}")
-    model.load_state_dict(want)
-    model.eval()
-    return model
+    return student_model_with(cls, ref.cfg, _mapped_state(ref), what="MyBERT", like="the chapter's MiniBert")
 
 
 def _bert_inputs(b, t, vocab, seed, pad_rows=()):

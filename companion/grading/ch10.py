@@ -16,7 +16,7 @@ from ..generation import beam_search_step, generate, top_k_filter, top_p_filter
 from ..kv_cache import KVCache, kv_cache_bytes
 from ..masks import causal_mask
 from ..models.gpt import GPT, GPTConfig
-from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, input_after_call, register, run_student
+from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, input_after_call, register, run_student, student_model_with
 
 
 def _logits(*shape, seed=0, scale=2.0):
@@ -256,21 +256,7 @@ def _ids(b: int, t: int, seed: int, vocab: int = _GPT_CFG.vocab_size) -> torch.T
 
 def _student_gpt(cls, ref: GPT):
     """``cls(cfg)`` holding the reference's weights (the name map of the statement is the identity)."""
-    model = cls(ref.cfg)
-    want = ref.state_dict()
-    got = model.state_dict()
-    if not isinstance(got, dict):
-        raise CheckFailed(f"MyGPT(cfg).state_dict() should be a dict of tensors, got {type(got).__name__}")
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    if missing or extra:
-        raise CheckFailed(f"MyGPT's parameter names differ from Chapter 9's MiniGPT: missing {missing[:4]}, "
-                          f"unexpected {extra[:4]} (name the modules as the statement lists them)")
-    for name, tensor in want.items():
-        if tuple(got[name].shape) != tuple(tensor.shape):
-            raise CheckFailed(f"{name} should have shape {tuple(tensor.shape)}, got {tuple(got[name].shape)}")
-    model.load_state_dict(want)
-    model.eval()
-    return model
+    return student_model_with(cls, ref.cfg, ref.state_dict(), what="MyGPT", like="Chapter 9's MiniGPT")
 
 
 def _ref_logits(ref: GPT, idx: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ __all__ = [
     "unwrap_student",
     "run_student",
     "input_after_call",
+    "student_model_with",
     "describe_exception",
     "StudentProxy",
     "StudentError",
@@ -361,6 +362,30 @@ def input_after_call(student: Callable[..., Any], x: Any, *args: Any) -> Any:
     """
     student(x, *args)
     return x
+
+
+def student_model_with(cls: Any, cfg: Any, want: dict[str, torch.Tensor], *, what: str, like: str) -> Any:
+    """``cls(cfg)`` holding the weights ``want`` (keyed by the student's names), in eval mode.
+
+    The layout is checked first, so that a wrong model fails with a message naming what differs:
+    ``state_dict()`` must be a dict, hold exactly the names of ``want`` and their shapes. ``what``
+    names the student's class in the messages (``"MyGPT"``), ``like`` the model it follows
+    (``"Chapter 9's MiniGPT"``).
+    """
+    model = cls(cfg)
+    got = model.state_dict()
+    if not isinstance(got, dict):
+        raise CheckFailed(f"{what}(cfg).state_dict() should be a dict of tensors, got {type(got).__name__}")
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        raise CheckFailed(f"{what}'s parameter names differ from {like}: missing {missing[:4]}, "
+                          f"unexpected {extra[:4]} (name the modules as the statement lists them)")
+    for name, tensor in want.items():
+        if tuple(got[name].shape) != tuple(tensor.shape):
+            raise CheckFailed(f"{name} should have shape {tuple(tensor.shape)}, got {tuple(got[name].shape)}")
+    model.load_state_dict(want)
+    model.eval()
+    return model
 
 
 # ---------------------------------------------------------------- comparisons

@@ -32,7 +32,7 @@ from ._hf import activation_from_hf, copy_by_name_map, hf_source
 __all__ = [
     "GPTConfig", "GPT", "GPTBlock", "dense_ffn",
     "GPT1", "GPT2_SMALL", "GPT2_MEDIUM", "GPT2_LARGE", "GPT2_XL", "GPT3_175B",
-    "gpt_param_formula",
+    "gpt_param_formula", "causal_lm_positions",
     "config_from_hf", "from_hf_gpt2", "from_pretrained_gpt2", "config_from_hf_openai", "from_hf_openai_gpt", "hf_block_names",
     "lm_loss", "evaluate_lm",
 ]
@@ -189,30 +189,8 @@ class GPT(nn.Module):
         keys are masked and positions count real tokens only, so a left-padded
         prompt gives the logits it gives alone (what Hugging Face ``generate`` does).
         """
-        check_token_ids("idx", idx, self.cfg.vocab_size)
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-            if cache.n_layers != self.cfg.n_layers:
-                raise ValueError(f"cache has {cache.n_layers} layers, the model {self.cfg.n_layers}")
-        b, t = idx.shape
-        start = 0 if cache is None else cache.length
-        if start + t > self.cfg.max_positions:
-            raise ValueError(
-                f"positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}: "
-                f"{start} cached + {t} new tokens; crop the context"
-            )
-        if attention_mask is None:
-            pos = torch.arange(start, start + t, device=idx.device)  # (T,)
-            mask = None  # causal only: is_causal below (bottom-right aligned when keys are cached)
-        else:
-            if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (b, start + t):
-                got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-                raise ValueError(f"attention_mask must have shape (B, cached + new) = ({b}, {start + t}), got {got}")
-            keep = attention_mask.bool()  # (B, S)
-            # Position of a token = number of real tokens before it (padding takes no position).
-            pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
-            mask = keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
+        pos, mask = causal_lm_positions(idx, cache, attention_mask, vocab_size=self.cfg.vocab_size,
+                                        n_layers=self.cfg.n_layers, max_positions=self.cfg.max_positions)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask, is_causal=True, cache=cache)
@@ -221,6 +199,40 @@ class GPT(nn.Module):
 
 # --------------------------------------------------------------------------- parameter counts
 
+
+
+def causal_lm_positions(idx: torch.Tensor, cache: KVCache | None, attention_mask: torch.Tensor | None, *,
+                        vocab_size: int, n_layers: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The door of a causal LM's ``forward`` (GPT's, and Chapter 16's Llama's): checks ``idx``, the cache and
+    ``attention_mask``, and returns the positions of the new tokens and the padding mask of the keys.
+
+    Without ``attention_mask``: positions ``start .. start + T - 1`` (``start`` = tokens already cached), shape
+    ``(T,)``, and no mask (the kernel's ``is_causal`` is bottom-right aligned). With it, ``(B, S)`` over the
+    cached and the new tokens: positions ``(B, T)`` count real tokens only (a left-padded prompt gets the
+    positions it has alone) and the mask ``(B, 1, 1, S)`` hides the padding keys.
+    """
+    check_token_ids("idx", idx, vocab_size)
+    if cache is not None:
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        if cache.n_layers != n_layers:
+            raise ValueError(f"cache has {cache.n_layers} layers, the model {n_layers}")
+    b, t = idx.shape
+    start = 0 if cache is None else cache.length
+    if start + t > max_positions:
+        raise ValueError(
+            f"positions {start}..{start + t - 1} exceed max_positions={max_positions}: "
+            f"{start} cached + {t} new tokens; crop the context"
+        )
+    if attention_mask is None:
+        return torch.arange(start, start + t, device=idx.device), None  # (T,); causal only: is_causal
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (b, start + t):
+        got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must have shape (B, cached + new) = ({b}, {start + t}), got {got}")
+    keep = attention_mask.bool()  # (B, S)
+    # Position of a token = number of real tokens before it (padding takes no position).
+    pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
+    return pos, keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
 
 def gpt_param_formula(cfg: GPTConfig) -> int:
     """Closed-form parameter count of :class:`GPT` for ``cfg``.

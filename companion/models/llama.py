@@ -36,12 +36,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from .._checks import check_token_ids
 from ..attention import RotaryAttention
 from ..blocks import Block, GatedFeedForward, RMSNorm
 from ..kv_cache import KVCache
 from ..positional import llama3_rope_frequencies, rope_cos_sin
 from ._hf import copy_by_name_map, fuse_rows, hf_source, read_hf_folder
+from .gpt import causal_lm_positions
 
 __all__ = [
     "Llama3RopeScaling", "LlamaConfig", "LlamaAttention", "LlamaBlock", "Llama", "llama_param_formula",
@@ -220,35 +220,13 @@ class Llama(nn.Module):
         masked and positions count real tokens only, so a left-padded prompt gives the
         logits it gives alone (what Hugging Face ``generate`` does).
         """
-        check_token_ids("idx", idx, self.cfg.vocab_size)
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-            if cache.n_layers != self.cfg.n_layers:
-                raise ValueError(f"cache has {cache.n_layers} layers, the model {self.cfg.n_layers}")
-        b, t = idx.shape
         cfg = self.cfg
-        start = 0 if cache is None else cache.length
-        if start + t > self.cfg.max_positions:
-            raise ValueError(
-                f"positions {start}..{start + t - 1} exceed max_positions={self.cfg.max_positions}: "
-                f"{start} cached + {t} new tokens; crop the context"
-            )
+        pos, mask = causal_lm_positions(idx, cache, attention_mask, vocab_size=cfg.vocab_size,
+                                        n_layers=cfg.n_layers, max_positions=cfg.max_positions)
         freqs = None if cfg.rope_scaling is None else cfg.rope_scaling.frequencies(cfg.d_head, cfg.rope_base)
-        if attention_mask is None:
-            pos = torch.arange(start, start + t, device=idx.device)  # (T,)
-            mask = None  # causal only: is_causal below (bottom-right aligned when keys are cached)
-            rope = rope_cos_sin(pos, cfg.d_head, base=cfg.rope_base, frequencies=freqs)  # 2 x (T, Dh)
-        else:
-            if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (b, start + t):
-                got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-                raise ValueError(f"attention_mask must have shape (B, cached + new) = ({b}, {start + t}), got {got}")
-            keep = attention_mask.bool()  # (B, S)
-            # Position of a token = number of real tokens before it (padding takes no position).
-            pos = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, start:]  # (B, T)
-            mask = keep[:, None, None, :]  # (B, 1, 1, S): padding keys; the kernel adds the causal rule
-            cos, sin = rope_cos_sin(pos, cfg.d_head, base=cfg.rope_base, frequencies=freqs)  # 2 x (B, T, Dh)
-            rope = (cos[:, None], sin[:, None])  # 2 x (B, 1, T, Dh): one rotation per sequence, for every head
+        cos, sin = rope_cos_sin(pos, cfg.d_head, base=cfg.rope_base, frequencies=freqs)  # 2 x (T, Dh) or (B, T, Dh)
+        # With padding, one rotation per sequence, for every head: 2 x (B, 1, T, Dh).
+        rope = (cos, sin) if pos.dim() == 1 else (cos[:, None], sin[:, None])
         x = self.tok_emb(idx)  # (B, T, D)
         for block in self.blocks:
             x = block(x, mask, is_causal=True, rope=rope, cache=cache)
