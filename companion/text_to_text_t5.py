@@ -41,12 +41,13 @@ from .training import TrainConfig, train
 __all__ = ["CharVocab", "TextToTextRecipe", "encode_pairs", "exact_match_by_task", "heldout_pairs", "training_inputs",
            "round_to_float16", "evaluate_heldout", "train_text_to_text", "load_text_to_text", "CHECKPOINT",
            "corpus_characters", "span_corruption_batch", "training_examples", "pretrain_span_corruption", "load_pretraining_record",
-           "PRETRAINING_RECORD", "PRETRAINING_CONTROL_RECORD"]
+           "PRETRAINING_RECORD", "PRETRAINING_CONTROL_RECORD", "CONTROL_EXAMPLES"]
 
 CHECKPOINT = "ch11_text_to_text"
 PRETRAINING_RECORD = "ch11_pretraining"  # scripts/ch11_pretraining.py: with and without span corruption, three seeds
 # scripts/ch11_pretraining.py --control tasks: the pre-trained arm again, span corruption over the tasks' own strings
 PRETRAINING_CONTROL_RECORD = "ch11_pretraining_control"
+CONTROL_EXAMPLES = 20_000  # the control's text: this many examples of the seed's training stream
 CHARS = "0123456789 +:abcdefghijklmnopqrstuvwxyz"
 
 

@@ -41,12 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from companion.text_to_text_t5 import (  # noqa: E402
-    TextToTextRecipe, pretrain_span_corruption, train_text_to_text, training_examples,
+    CONTROL_EXAMPLES, TextToTextRecipe, pretrain_span_corruption, train_text_to_text, training_examples,
 )
 from companion.training import TrainConfig  # noqa: E402
 
 
-def task_text(seed: int, n: int = 20_000) -> str:
+def task_text(seed: int, n: int = CONTROL_EXAMPLES) -> str:
     """The first ``n`` examples of seed ``seed``'s multi-task training stream, inputs and targets, as text."""
     return " ".join(f"{x} {y}" for x, y in training_examples(seed, n))
 
