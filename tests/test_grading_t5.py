@@ -56,7 +56,8 @@ WRONG = {
              "            x = layer(x, bias if i == 0 else 0.0, mask, memory, memory_mask)")),
     "no causal mask": (
         "the decoder is causal", "must be causal",
-        swap("causal = torch.ones(T, T, dtype=torch.bool).tril()", "causal = torch.ones(T, T, dtype=torch.bool)")),
+        swap("causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()",
+             "causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device)")),
     "tied head not rescaled": (
         "logits equal the reference", "rescale the tied head",
         swap("return (h * self.d_model ** -0.5) @ self.emb.weight.T", "return h @ self.emb.weight.T")),
