@@ -92,6 +92,14 @@ def eps_outside(x, gain, grad_out, eps=1e-5):  # sqrt(var) + eps
     return (grad_x, *_params(x, grad_out, xhat))
 
 
+def variance_by_squares(x, gain, grad_out, eps=1e-5):  # E[x^2] - mu^2: cancels catastrophically near 1000
+    mu = x.mean(-1, keepdim=True)
+    s = torch.sqrt((x * x).mean(-1, keepdim=True) - mu * mu + eps)
+    xhat, g = (x - mu) / s, grad_out * gain
+    grad_x = (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True)) / s
+    return (grad_x, *_params(x, grad_out, xhat))
+
+
 def test_autograd_reference_keeps_the_dtype():
     x = torch.randn(2, 5)
     got = _ln_grads_autograd(x, torch.randn(5), torch.randn(2, 5), 1e-5)
@@ -117,6 +125,7 @@ def test_5_1_the_chapters_code_does_not_pass():
     (constants, ("as if the mean and the variance were constants",)),
     (per_position_params, ("sum their gradient over all leading dimensions",)),
     (eps_outside, ("eps = 0.5",)),
+    (variance_by_squares, ("centre x before squaring",)),
 ])
 def test_5_1_wrong_answers(student, words):
     loses("5.1", student, *words)
