@@ -8,59 +8,123 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import layer_norm, residual
+from ..blocks import residual
 from ..training import TrainConfig, lr_at
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
 
-# ----------------------------------------------------------------- 5.1 LayerNorm
+# ----------------------------------------------------------------- 5.1 LayerNorm's backward pass
+
+
+def _ln_grads_autograd(x, gain, grad_out, eps):
+    """(grad_x, grad_gain, grad_bias) of sum(LN(x) * grad_out), by autograd through F.layer_norm.
+
+    Computed in float64 and returned in the dtype of ``x``.
+    """
+    dtype = x.dtype
+    x = x.detach().to(torch.float64).requires_grad_(True)
+    gain = gain.detach().to(torch.float64).requires_grad_(True)
+    bias = torch.zeros_like(gain, requires_grad=True)
+    with torch.enable_grad():
+        (F.layer_norm(x, gain.shape, gain, bias, eps) * grad_out.to(torch.float64)).sum().backward()
+    return x.grad.to(dtype), gain.grad.to(dtype), bias.grad.to(dtype)
+
+
+def _backward_without_autograd(student, x, gain, grad_out, eps):
+    """Run where the student's function lives, under no_grad: its result, or ("autograd", message)."""
+    with torch.no_grad():
+        try:
+            return student(x, gain, grad_out, eps)
+        except RuntimeError as err:
+            if "grad" in str(err):
+                return ("autograd", str(err).splitlines()[0] if str(err) else "")
+            raise
+
+
+def _ln_backward(student, x, gain, grad_out, eps, what, atol=1e-9, rtol=1e-7, only=("x", "gain", "bias")):
+    got = run_student(_backward_without_autograd, student, x.clone(), gain.clone(), grad_out.clone(), eps)
+    if isinstance(got, tuple) and len(got) == 2 and got[0] == "autograd":
+        raise CheckFailed(f"{what}: your function relies on autograd, which the check turns off "
+                          f"(torch.no_grad()): {got[1]}. Compute the three gradients from the formulas")
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        kind = f"a tuple of {len(got)}" if isinstance(got, (tuple, list)) else type(got).__name__
+        raise CheckFailed(f"{what}: return a tuple (grad_x, grad_gain, grad_bias), got {kind}")
+    want = _ln_grads_autograd(x, gain, grad_out, eps)
+    names = {"x": "grad_x", "gain": "grad_gain", "bias": "grad_bias"}
+    for key, g, w in zip(("x", "gain", "bias"), got, want):
+        if key not in only:
+            continue
+        if key != "x" and isinstance(g, torch.Tensor) and g.shape == x.shape:
+            raise CheckFailed(f"{what}: {names[key]} has the shape of x {tuple(x.shape)}; gain and bias are shared "
+                              f"by every position, so sum their gradient over all leading dimensions, to shape {tuple(w.shape)}")
+        if key == "x" and isinstance(g, torch.Tensor) and g.shape == w.shape:
+            _explain_grad_x(g, x, gain, grad_out, eps, what)
+        expect_tensor(g, w, name=f"{what}: {names[key]}", atol=atol, rtol=rtol)
+
+
+def _explain_grad_x(g, x, gain, grad_out, eps, what):
+    """Name the usual mistakes in grad_x (each a formula that differs from the right one)."""
+    mu = x.mean(-1, keepdim=True)
+    s = ((x - mu) ** 2).mean(-1, keepdim=True).add(eps).sqrt()
+    xhat = (x - mu) / s
+    d = grad_out * gain
+    right = (d - d.mean(-1, keepdim=True) - xhat * (d * xhat).mean(-1, keepdim=True)) / s
+    no_gain = (grad_out - grad_out.mean(-1, keepdim=True) - xhat * (grad_out * xhat).mean(-1, keepdim=True)) / s
+    centred_only = (d - d.mean(-1, keepdim=True)) / s
+    g = g.detach().to(right.dtype)
+    close = lambda a: torch.allclose(g, a, atol=1e-6, rtol=1e-5) and not torch.allclose(a, right, atol=1e-6, rtol=1e-5)
+    if close(no_gain):
+        raise CheckFailed(f"{what}: grad_x ignores gain; the gradient reaching the normalised values is grad_out * gain")
+    if close(centred_only):
+        raise CheckFailed(f"{what}: grad_x misses the term -x_hat mean(g x_hat): the variance depends on x too, "
+                          "not only the mean")
+    if close(d / s):
+        raise CheckFailed(f"{what}: grad_x is grad_out * gain / sqrt(var + eps), as if the mean and the variance "
+                          "were constants; both depend on x")
 
 
 def _ln_random(student):
-    x = torch.randn(2, 7, 13) * 3 + 1
-    w, b = torch.randn(13), torch.randn(13)
-    expect_tensor(student(x, w, b), F.layer_norm(x, (13,), w, b, 1e-5), name="layer_norm(x of shape (2, 7, 13), w, b)")
+    x = torch.randn(2, 7, 13, dtype=torch.float64) * 3 + 1
+    gain, grad_out = torch.randn(13, dtype=torch.float64), torch.randn(2, 7, 13, dtype=torch.float64)
+    _ln_backward(student, x, gain, grad_out, 1e-5, "x of shape (2, 7, 13), float64", only=("x",))
 
 
-def _ln_biased_variance(student):
-    x = torch.tensor([[0.0, 2.0], [1.0, 5.0]])
-    w, b = torch.ones(2), torch.zeros(2)
-    got = student(x, w, b, 0.0)
-    unbiased = (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True)
-    if isinstance(got, torch.Tensor) and got.shape == unbiased.shape and torch.allclose(got, unbiased, atol=1e-4):
-        raise CheckFailed("you divided by sqrt of the unbiased variance (D - 1); LayerNorm uses the biased one (divide by D)")
-    expect_tensor(got, F.layer_norm(x, (2,), w, b, 0.0), name="layer_norm with D=2, eps=0")
+def _ln_params(student):
+    x = torch.randn(3, 4, 5, 6, dtype=torch.float64)
+    gain, grad_out = torch.randn(6, dtype=torch.float64), torch.randn(3, 4, 5, 6, dtype=torch.float64)
+    _ln_backward(student, x, gain, grad_out, 1e-5, "x of shape (3, 4, 5, 6), float64")
 
 
 def _ln_eps(student):
-    x = torch.randn(3, 5) * 0.1
-    w, b = torch.randn(5), torch.randn(5)
-    expect_tensor(student(x, w, b, 0.5), F.layer_norm(x, (5,), w, b, 0.5), name="layer_norm with eps=0.5 (eps goes inside the square root)")
+    x = torch.randn(4, 5, dtype=torch.float64) * 0.3
+    gain, grad_out = torch.randn(5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    _ln_backward(student, x, gain, grad_out, 0.5, "eps = 0.5 (it stays inside the square root in every term)")
 
 
 def _ln_one_feature(student):
-    x = torch.randn(4, 1)
-    w, b = torch.full((1,), 2.0), torch.full((1,), -0.25)
-    expect_tensor(student(x, w, b), torch.full((4, 1), -0.25), name="layer_norm with D=1 (every row normalises to 0, so the output is the bias)")
+    x = torch.randn(5, 1, dtype=torch.float64)
+    gain, grad_out = torch.full((1,), 2.0, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)
+    _ln_backward(student, x, gain, grad_out, 1e-5, "D = 1 (the output is the bias whatever x is, so grad_x is 0)")
 
 
-def _ln_offset(student):
-    x = torch.randn(3, 13) + 1000.0
-    w, b = torch.ones(13), torch.zeros(13)
-    expect_tensor(student(x, w, b), F.layer_norm(x, (13,), w, b, 1e-5), name="layer_norm of rows near 1000 "
-                  "(compute the variance of the centred values, not E[x^2] - E[x]^2)", atol=1e-3, rtol=1e-3)
+def _ln_float32_offset(student):
+    x = torch.randn(3, 9) + 1000.0
+    gain, grad_out = torch.randn(9), torch.randn(3, 9)
+    _ln_backward(student, x, gain, grad_out, 1e-5, "float32 rows near 1000 (centre x before squaring)",
+                 atol=1e-3, rtol=1e-3)
 
 
 register(Exercise(
     id="5.1",
-    title="LayerNorm by hand",
-    targets=("layer_norm",),
-    forbidden=("companion.blocks", "torch.nn.functional.layer_norm"),  # the reference itself
+    title="LayerNorm's backward pass by hand",
+    targets=("layer_norm_backward",),
+    # the reference itself, and autograd (the checks compare with it)
+    forbidden=("companion.blocks", "torch.autograd", "torch.func"),
     cases=(
-        Case("random input, weight and bias (D=13)", 2, _ln_random),
-        Case("biased variance (divide by D)", 1, _ln_biased_variance),
+        Case("grad_x on random input (D = 13, float64)", 2, _ln_random),
+        Case("grad_gain and grad_bias summed over every leading dimension", 1, _ln_params),
         Case("eps inside the square root", 1, _ln_eps),
-        Case("one feature: the output is the bias", 1, _ln_one_feature),
-        Case("numerically stable for rows far from zero", 1, _ln_offset),
+        Case("one feature: grad_x is zero", 1, _ln_one_feature),
+        Case("float32 rows far from zero", 1, _ln_float32_offset),
     ),
 ))
 
