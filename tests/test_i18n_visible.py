@@ -293,3 +293,23 @@ def test_a_page_in_both_editions(tmp_path):
     # The glued table: header and word cells translated.
     assert "<th" in zh and "参数量" in zh and "小模型" in zh
     assert "parameters" in en and "参数量" not in en
+
+
+# --- messages without a letter ---
+
+def test_update_gives_a_message_without_letters_itself(tmp_path):
+    """A glued table's numeric cells ("1.325", "12,288", "-0.5") need no translation: ``update``
+    fills them, so a script that re-records the numbers leaves no page untranslated; a cell with
+    a word, in any script, is left to the translator."""
+    po = tmp_path / "page.po"
+    po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                  'msgid "1.325"\nmsgstr ""\n\n'
+                  '#, fuzzy\nmsgid "12,288 (-0.5)"\nmsgstr "12,000"\n\n'
+                  'msgid "seed 1"\nmsgstr ""\n\n'
+                  'msgid "词元"\nmsgstr ""\n', encoding="utf-8")
+    assert i18n.fill_letterless(po) == 2
+    messages = {m.id: m for m in i18n.load(po) if m.id}
+    assert messages["1.325"].string == "1.325"
+    assert messages["12,288 (-0.5)"].string == "12,288 (-0.5)" and not messages["12,288 (-0.5)"].fuzzy
+    assert messages["seed 1"].string == "" and messages["词元"].string == ""
+    assert i18n.fill_letterless(po) == 0

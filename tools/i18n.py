@@ -66,7 +66,32 @@ def update() -> None:
         pot = extract(Path(tmp))
         subprocess.run([_tool("sphinx-intl"), "update", "-p", str(pot), "-d", str(LOCALES), "-l", LANGUAGE,
                         "-w", "0", "--no-obsolete", "-j", "1"], check=True, capture_output=True, text=True)
+    for po in sorted(CATALOGUES.rglob("*.po")):
+        fill_letterless(po)
     report()
+
+
+LETTER = re.compile(r"[^\W\d_]")  # a letter of any script (Latin, CJK, Greek, ...)
+
+
+def fill_letterless(po: Path) -> int:
+    """Give every message without a letter (a table cell such as ``1.325`` or ``12,288``, a
+    range, a sign) itself as its translation: there is nothing to translate, and a glued table
+    whose numbers a script re-records must not leave the page untranslated. Returns how many."""
+    from babel.messages.pofile import write_po
+
+    catalog = load(po)
+    filled = 0
+    for message in catalog:
+        if message.id and isinstance(message.id, str) and not LETTER.search(message.id) \
+                and (message.fuzzy or message.string != message.id):
+            message.string = message.id
+            message.flags.discard("fuzzy")
+            filled += 1
+    if filled:
+        with po.open("wb") as f:
+            write_po(f, catalog, width=0, include_previous=False)
+    return filled
 
 
 def catalogue_state(po: Path) -> tuple[int, int, int]:
