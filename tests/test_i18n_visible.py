@@ -33,26 +33,43 @@ CODE = '''x = "# not a comment"  # the answer: `x` holds a string
 %matplotlib inline
 # (B, T)
 y = f"{x} #"  # noqa: E501
-    # an indented full-line comment
+    # an indented comment that runs
+    # over two lines
+z = 1  # after code
+# a comment in another column
 '''
 
 
 def test_comments_are_found_with_tokenize_not_in_strings():
     found = ext.code_comments(CODE)
-    assert [(line, message) for line, _, _, message in found] == [
-        (0, "the answer: `x` holds a string"), (4, "an indented full-line comment")]
+    assert [(first, last, message) for first, last, _, _, message in found] == [
+        (0, 0, "the answer: `x` holds a string"),
+        (4, 5, "an indented comment that runs over two lines"),  # a run of full-line comments: one message
+        (6, 6, "after code"), (7, 7, "a comment in another column")]
     assert all("not a comment" not in message for *_, message in found)  # the # inside the string
 
 
 def test_the_swap_keeps_the_code_and_the_hash():
-    zh = {"the answer: `x` holds a string": "答案：`x` 存的是字符串", "an indented full-line comment": "缩进的整行注释"}
+    zh = {"the answer: `x` holds a string": "答案：`x` 存的是字符串", "after code": "代码之后",
+          "an indented comment that runs over two lines": "一条缩进的、" + "很长" * 20 + "的注释"}
     swapped = ext.swap_comments(CODE, zh.get)
     lines = swapped.split("\n")
     assert lines[0] == 'x = "# not a comment"  # 答案：`x` 存的是字符串'
-    assert lines[4] == "    # 缩进的整行注释"
     assert lines[1:4] == CODE.split("\n")[1:4]  # magic, symbol-only comment and pragma untouched
+    # The run rewrapped at 40 columns (a CJK character takes two), each line indented and with "# ".
+    run = lines[4:lines.index("z = 1  # 代码之后")]
+    assert len(run) == 3 and all(line.startswith("    # ") for line in run)
+    assert "".join(line[6:] for line in run) == zh["an indented comment that runs over two lines"]
+    assert all(ext._width(line[6:]) <= 40 for line in run)
+    assert lines[-2:] == ["# a comment in another column", ""]  # no translation: kept
     # A translation over two lines would put Chinese outside the comment: not used.
     assert ext.swap_comments("a = 1  # one\n", {"one": "一\n二"}.get) == "a = 1  # one\n"
+
+
+def test_wrapping_keeps_words_code_and_math_whole():
+    assert ext.wrap("把 `scores.softmax(dim=-1)` 的每一行加起来等于一", 16) == [
+        "把", "`scores.softmax(dim=-1)`", "的每一行加起来等", "于一"]
+    assert ext.wrap("每行之和为一，不是零", 12) == ["每行之和为一，", "不是零"]  # no line starts with ，
 
 
 def test_visible_cells_and_figures():

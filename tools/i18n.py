@@ -274,8 +274,9 @@ def visible_problems(page: str, en: str, zh: str, kinds: dict[str, list[str]]) -
     head = en[:50].replace("\n", " ")
     problems = []
     if en in kinds.get("comments", ()) and "\n" in zh:
-        problems.append(f"{page}: the code comment \"{head}...\" is translated over several lines: a comment's "
-                        f"translation is one line (the next would be code without `#`)")
+        problems.append(f"{page}: the code comment \"{head}...\" is translated over several lines: write a "
+                        f"comment's translation on one line (a line without `#` would be code; the build wraps "
+                        f"a run of comment lines itself)")
     if en in kinds.get("labels", ()) and en.count("…") != zh.count("…"):
         problems.append(f"{page}: the figure label \"{head}...\" has {en.count('…')} '…' (a number drawn in the "
                         f"figure), its translation {zh.count('…')}: keep each")
@@ -389,7 +390,7 @@ def long_report(pages: list[str] | None = None, show: int = 0) -> list[str]:
 
 def visible_report(pages: list[str] | None = None) -> list[str]:
     """Per page: the visible code comment lines and figure labels, and how many are translated."""
-    lines = [f"{'page':32s} {'comments':>8s} {'translated':>10s} {'labels':>7s} {'translated':>10s}"]
+    lines = [f"{'page':32s} {'comment lines':>13s} {'translated':>10s} {'figure labels':>13s} {'translated':>10s}"]
     total = [0, 0, 0, 0]
     for po in sorted(CATALOGUES.rglob("*.po")):
         page = str(po.relative_to(CATALOGUES).with_suffix(""))
@@ -399,11 +400,11 @@ def visible_report(pages: list[str] | None = None) -> list[str]:
         if not kinds["comments"] and not kinds["labels"]:
             continue
         done = {m.id for m in load(po) if m.id and m.string and not m.fuzzy and m.string != m.id}
-        row = [len(kinds["comments"]), sum(c in done for c in kinds["comments"]),
+        row = [len(kinds["comment_lines"]), sum(c in done for c in kinds["comment_lines"]),
                len(kinds["labels"]), sum(label in done for label in kinds["labels"])]
         total = [a + b for a, b in zip(total, row)]
-        lines.append(f"{page:32s} {row[0]:8d} {row[1]:10d} {row[2]:7d} {row[3]:10d}")
-    lines.append(f"{'all pages':32s} {total[0]:8d} {total[1]:10d} {total[2]:7d} {total[3]:10d}")
+        lines.append(f"{page:32s} {row[0]:13d} {row[1]:10d} {row[2]:13d} {row[3]:10d}")
+    lines.append(f"{'all pages':32s} {total[0]:13d} {total[1]:10d} {total[2]:13d} {total[3]:10d}")
     return lines
 
 

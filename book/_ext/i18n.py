@@ -23,9 +23,10 @@ each page from its catalogue; this extension adds what Sphinx leaves out:
   catalogue, and the Chinese build replaces it with its translation;
 * the ``#`` comments of the code a reader sees: the gettext build adds the
   comments of every code cell whose source the page shows (folded ones too) to
-  the page's catalogue, one message per comment, the text after ``# ``; the
-  Chinese build swaps each comment of a cell's code block (myst-nb's cell input
-  ``literal_block``) for its translation, the code and the ``# `` untouched;
+  the page's catalogue, the text after ``# `` (a run of full-line comments is one
+  message, see :func:`code_comments`); the Chinese build swaps each comment of a
+  cell's code block (myst-nb's cell input ``literal_block``) for its translation,
+  the code and the ``# `` untouched (a run rewrapped, :func:`swap_comments`);
 * the text drawn in figures: the labels found in a figure cell's source (string
   constants given to ``set_title``, ``set_xlabel``, ``legend``, ``label=``,
   ``companion.diagrams.box``, ..., see :func:`figure_labels`) and those listed in
@@ -107,37 +108,84 @@ def _tokens(source: str) -> list[tokenize.TokenInfo]:
     return found
 
 
-def code_comments(source: str) -> list[tuple[int, int, str, str]]:
-    """The comments of a cell worth translating: ``(line, column, prefix, message)`` each.
+def code_comments(source: str) -> list[tuple[int, int, int, str, str]]:
+    """The comments of a cell worth translating: ``(first, last, column, prefix, message)`` each.
 
-    Found with :mod:`tokenize` (a ``#`` inside a string is not a comment). ``line`` is
-    0-based; ``prefix`` is the ``#`` (or ``##``) and the one space after it; ``message``
-    the rest, stripped: the catalogue message. A comment without a word of three
-    letters (``# ---``, ``# (B, T)``) or a tool's pragma (``# noqa``) is left out.
+    Found with :mod:`tokenize` (a ``#`` inside a string is not a comment). Lines are
+    0-based; ``prefix`` is the ``#`` (or ``##``) and the one space after it. A comment
+    after code is one message, the text after ``# ``. A run of full-line comments
+    (nothing but indentation before them, on consecutive lines, in the same column)
+    is one message: their texts joined by spaces, so a sentence wrapped over
+    several lines is translated as one sentence. A message without a word of three
+    letters (``# ---``, ``# (B, T)``) or starting with a tool's pragma (``# noqa``)
+    is left out.
     """
-    found = []
+    lines = source.split("\n")
+    comments = []  # (line, column, prefix, text, full-line)
     for token in _tokens(source):
         if token.type != tokenize.COMMENT:
             continue
+        line, column = token.start[0] - 1, token.start[1]
         prefix = _COMMENT_PREFIX.match(token.string).group(0)
-        message = token.string[len(prefix):].strip()
-        if _WORD.search(message) and not _PRAGMA.match(message):
-            found.append((token.start[0] - 1, token.start[1], prefix, message))
-    return found
+        comments.append((line, column, prefix, token.string[len(prefix):].strip(),
+                         not lines[line][:column].strip()))
+    groups = []
+    for line, column, prefix, text, full in comments:
+        last = groups[-1] if groups else None
+        if (full and last and last[5] and last[1] == line - 1 and last[2] == column and last[3] == prefix):
+            last[1], last[4] = line, f"{last[4]} {text}".strip()
+        else:
+            groups.append([line, line, column, prefix, text, full])
+    return [(first, last, column, prefix, message) for first, last, column, prefix, message, _ in groups
+            if _WORD.search(message) and not _PRAGMA.match(message)]
+
+
+def _width(text: str) -> int:
+    """Columns ``text`` takes in a monospaced font (a CJK character or full-width sign: two)."""
+    return sum(2 if ord(c) >= 0x1100 and (0x2e80 <= ord(c) <= 0xffef or 0x1100 <= ord(c) <= 0x115f) else 1
+               for c in text)
+
+
+_UNIT = re.compile(r"`[^`]*`|\$[^$]*\$|[A-Za-z0-9_.()\[\]{}<>=+\-*/^'\"@,;:!?%&|~\\]+|\s+|.")
+_NO_LINE_START = "，。；：、？！）》」』"
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` columns, broken between CJK characters or at spaces,
+    never inside a Latin word, a code span or math (a line may run over to keep one whole)."""
+    lines, current = [], ""
+    for unit in _UNIT.findall(text):
+        if current and _width(current + unit.rstrip()) > width and not unit.isspace() and unit[0] not in _NO_LINE_START:
+            lines.append(current.rstrip())
+            current = ""
+        if not (unit.isspace() and not current):
+            current += unit
+    if current.strip():
+        lines.append(current.rstrip())
+    return lines
 
 
 def swap_comments(source: str, translate) -> str:
     """``source`` with each comment's message replaced by ``translate(message)``.
 
-    The code before a comment is kept character for character; a translation
-    with a newline (it would leave a line without ``#`` in the code) is not used.
+    The code before a comment is kept character for character. A run of full-line
+    comments becomes the translation wrapped to the run's widest line (at least 40
+    columns), each line with the run's indentation and ``# `` (the run may get
+    shorter or longer). A translation with a newline is not used: it is the
+    checker's business (``tools/i18n.py check``).
     """
     lines = source.split("\n")
-    for line, column, prefix, message in code_comments(source):
+    for first, last, column, prefix, message in reversed(code_comments(source)):
         translated = translate(message)
         if not translated or translated == message or "\n" in translated:
             continue
-        lines[line] = lines[line][:column] + prefix + translated.strip()
+        translated = translated.strip()
+        if first == last and lines[first][:column].strip():  # after code: one line
+            lines[first] = lines[first][:column] + prefix + translated
+            continue
+        indent = lines[first][:column]
+        width = max(40, max(_width(line) for line in lines[first:last + 1]) - column - len(prefix))
+        lines[first:last + 1] = [indent + prefix + part for part in wrap(translated, width)]
     return "\n".join(lines)
 
 
@@ -282,16 +330,19 @@ def figure_labels(cell: dict, helpers: dict[str, ast.FunctionDef] | None = None)
 
 def page_messages(path: Path) -> dict[str, list[str]]:
     """What a notebook page shows beyond Sphinx's own messages, by kind:
-    ``comments`` (one per visible comment line), ``labels`` (of all figures), ``other``
-    (alt texts and glued phrases)."""
-    kinds = {"comments": [], "labels": [], "other": []}
+    ``comments`` (one per comment message), ``comment_lines`` (a comment's message once
+    per line of the code it takes), ``labels`` (of each figure), ``other`` (alt texts
+    and glued phrases)."""
+    kinds = {"comments": [], "comment_lines": [], "labels": [], "other": []}
     if path.suffix != ".ipynb" or not path.exists():
         return kinds
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     helpers = notebook_helpers(cells)
     for cell in cells:
         if shows_code(cell):
-            kinds["comments"] += [message for *_, message in code_comments("".join(cell["source"]))]
+            for first, last, _, _, message in code_comments("".join(cell["source"])):
+                kinds["comments"].append(message)
+                kinds["comment_lines"] += [message] * (last - first + 1)
         if shows_figure(cell):
             kinds["labels"] += figure_labels(cell, helpers)
     kinds["other"] = _alt_and_glued(cells)
