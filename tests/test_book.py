@@ -236,3 +236,25 @@ def test_chinese_search_index_holds_chinese_words(site):
     terms = json.loads(index[index.index("(") + 1:index.rindex(")")])["terms"]
     for word in ("注意力", "编码器", "解码器", "掩码"):
         assert word in terms, f"{word} is not in the Chinese edition's search index (is jieba installed?)"
+
+
+def test_chinese_code_comments_and_figure_text(site):
+    """Chapter 2 in Chinese: a code block shows a Chinese comment (still highlighted as a comment) and a figure
+    shows its 图中文字 line under the caption; the English page shows neither."""
+    import html as html_module
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tools_i18n", ROOT / "tools" / "i18n.py")
+    i18n = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(i18n)
+    zh = {m.id: m.string for m in i18n.load(i18n.CATALOGUES / "book" / "ch02_attention.po") if m.id}
+    chinese = (site / "zh_CN" / "book" / "ch02_attention.html").read_text(encoding="utf-8")
+    english = (site / "book" / "ch02_attention.html").read_text(encoding="utf-8")
+    comment = zh["the query we follow"]
+    assert f'<span class="c1"># {html_module.escape(comment, quote=False)}</span>' in chinese
+    assert '<span class="c1"># the query we follow</span>' in english and comment not in english
+    label = zh["Scaling keeps the score variance at 1"]
+    line = re.search(r'<p class="figure-text">(.*?)</p>', chinese, flags=re.S)
+    assert line and line.group(1).startswith("图中文字：") and label in chinese
+    assert chinese.index('id="fig-ch02-score-variance"') < chinese.index(label)
+    assert "图中文字" not in english and "figure-text" not in english

@@ -123,6 +123,9 @@ def test_the_figure_text_line_pairs_each_translated_label_and_keeps_math():
 
     assert len(list(line.findall(nodes.math))) == 2  # $d_k$ on each side stays math
     assert ext.figure_text(["held out"], lambda s: s) is None  # nothing translated: no line
+    # A label with its own arrow or semicolon is quoted, so the pairs stay apart.
+    arrows = ext.figure_text(["qkv: Linear … → …", "causal"], lambda s: {"qkv: Linear … → …": "qkv：线性层 … → …"}.get(s, "因果"))
+    assert arrows.astext() == "图中文字：“qkv: Linear … → …” → “qkv：线性层 … → …”；causal → 因果"
 
 
 # --- glued tables ---

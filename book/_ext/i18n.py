@@ -411,7 +411,9 @@ def translate_alt(app, doctree, docname):
 def figure_text(labels: list[str], translate) -> nodes.paragraph | None:
     """The line 「图中文字：English → 中文；...」 of a figure's translated labels (None: none translated).
 
-    Math (``$...$``) in a label or its translation is rendered as math.
+    Math (``$...$``) in a label or its translation is rendered as math. A pair whose
+    label or translation holds an arrow or a semicolon (``qkv: Linear … → …``) is
+    quoted, “...” → “...”, so that it still reads as one pair.
     """
     pairs = [(label, translate(label)) for label in labels]
     pairs = [(en, zh) for en, zh in pairs if zh and zh != en]
@@ -422,9 +424,12 @@ def figure_text(labels: list[str], translate) -> nodes.paragraph | None:
     for i, (en, zh) in enumerate(pairs):
         if i:
             paragraph += nodes.Text("；")
+        quote = ("“", "”") if any(mark in en + zh for mark in ("→", ";", "；")) else ("", "")
+        paragraph += nodes.Text(quote[0])
         paragraph.extend(_with_math(en))
-        paragraph += nodes.Text(" → ")
+        paragraph += nodes.Text(f"{quote[1]} → {quote[0]}")
         paragraph.extend(_with_math(zh))
+        paragraph += nodes.Text(quote[1])
     return paragraph
 
 
