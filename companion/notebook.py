@@ -3,7 +3,9 @@
 Inside the book build, :func:`glue` is myst-nb's ``glue``, so prose can show a
 number the notebook computed (``{glue:text}`name:.3f```). In Colab or a plain
 Jupyter without myst-nb it does nothing visible, so the
-same notebook runs unchanged.
+same notebook runs unchanged. :func:`glue_table` glues a table the prose points
+at as markdown, so the Chinese edition translates its words (in Colab it shows
+the table in the cell).
 
 Portability: nbval compares the stored glue record of every cell, so a float
 is stored at the precision the prose shows it, never in full: another CPU (or
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["glue", "seed_everything", "in_colab"]
+__all__ = ["glue", "glue_table", "markdown_table", "seed_everything", "in_colab"]
 
 
 def _rounded(name: str, value: Any, fmt: str | None) -> Any:
@@ -73,6 +75,63 @@ def glue(name: str, value: Any, fmt: str | None = None, display: bool = False) -
             _display(value)
         return
     _myst_glue(name, value, display=display)
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else format(value)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def markdown_table(header: list[str], rows: list[list[Any]], align: str | None = None) -> str:
+    """A markdown (GFM) table: ``header`` cells, then ``rows``; ``align`` one of ``l``, ``r``, ``c`` per column.
+
+    A cell is a string as given (format numbers before: ``f"{x:.3f}"``; numbers
+    that are not strings are written with ``format(value)``); ``|`` is escaped and
+    a newline becomes a space.
+    """
+    width = len(header)
+    if any(len(row) != width for row in rows):
+        raise ValueError(f"markdown_table: every row needs {width} cells (the header's), "
+                         f"got {sorted({len(row) for row in rows})}")
+    align = align or "l" * width
+    if len(align) != width or set(align) - set("lrc"):
+        raise ValueError(f"markdown_table: align needs one of l, r, c per column ({width}), got {align!r}")
+    rule = {"l": ":--", "r": "--:", "c": ":-:"}
+    lines = ["| " + " | ".join(_cell(c) for c in header) + " |",
+             "| " + " | ".join(rule[a] for a in align) + " |"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def glue_table(name: str, header: list[str], rows: list[list[Any]], align: str | None = None,
+               display: bool = False) -> None:
+    """Glue a table the prose points at, as markdown; the page shows it where the prose puts
+
+    .. code-block:: markdown
+
+        ```{glue:md} name
+        :format: myst
+        ```
+
+    Sphinx then reads the table as part of the page: its header and word cells are
+    messages of the page's catalogue, translated in the Chinese edition (a table
+    printed by ``print`` is not). Cells are strings as the prose shows them (round
+    floats before: the glued record is compared by nbval, see :func:`glue`).
+
+    In Colab or a plain Jupyter (no myst-nb) the cell shows the table itself;
+    in the book it shows nothing unless ``display=True`` (the prose shows it).
+    """
+    from IPython.display import Markdown
+
+    table = Markdown(markdown_table(header, rows, align))
+    try:
+        from myst_nb import glue as _myst_glue
+    except ImportError:  # Colab, plain Jupyter: show the table in the cell
+        from IPython.display import display as _display
+
+        _display(table)
+        return
+    _myst_glue(name, table, display=display)
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:

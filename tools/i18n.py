@@ -4,6 +4,8 @@
     python tools/i18n.py report          # translated / fuzzy / untranslated entries per page
     python tools/i18n.py check [PAGE...] # what tests/test_i18n.py checks, page by page (terms: locales/zh_CN/terms.toml)
     python tools/i18n.py long [--show=N] [PAGE...]  # sentences over 80 characters per page (to watch, not a gate)
+    python tools/i18n.py visible [PAGE...]  # per page: code comments and figure labels a reader sees, and how many are translated
+    python tools/i18n.py figures [PAGE...]  # each figure's labels; figures with none found, or drawn by companion.viz
     python tools/i18n.py build [OUT]     # both editions: OUT/html (English), OUT/html/zh_CN (Chinese)
 
 The English pages are the one source (PEP 545's model): ``update`` runs Sphinx's
@@ -18,6 +20,7 @@ the test suite (``tests/test_i18n.py``) fails until every entry is translated.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -113,6 +116,12 @@ def load(po: Path):
 ROLE = re.compile(r"\{[a-z:]+\}`[^`]*`")
 CODE = re.compile(r"(?<![}`])``?[^`]+``?")
 MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)
+# Words inside math may be translated: $\text{tokens} \times D$ -> $\text{词元数} \times D$ (the rest of the math identical).
+MATH_TEXT = re.compile(r"\\(text|textrm|textit|textbf|mbox)\{[^{}]*\}")
+
+
+def _math_token(math: str) -> str:
+    return MATH_TEXT.sub(lambda m: f"\\{m.group(1)}{{…}}", math.strip())
 
 
 def tokens(text: str) -> list[str]:
@@ -121,7 +130,7 @@ def tokens(text: str) -> list[str]:
     # target: the text is prose, and is translated.
     found = [re.sub(r"`[^`]*<([^<>`]+)>`$", r"`<\1>`", role) for role in ROLE.findall(text)]
     rest = ROLE.sub(" ", text)
-    found += [m.strip() for m in MATH.findall(rest)]
+    found += [_math_token(m) for m in MATH.findall(rest)]
     found += CODE.findall(MATH.sub(" ", rest))
     return sorted(found)
 
@@ -244,6 +253,36 @@ def introduction_problems(page: str, en: str, zh: str) -> list[str]:
     return problems
 
 
+@functools.cache
+def extension():
+    """``book/_ext/i18n.py`` (what the builds extract and swap), loaded by path: it shares this module's name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("book_i18n", ROOT / "book" / "_ext" / "i18n.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def page_kinds(page: str) -> dict[str, list[str]]:
+    """The messages of a page that are code comments and figure labels (``book/ch02_attention``)."""
+    return extension().page_messages(ROOT / f"{page}.ipynb")
+
+
+def visible_problems(page: str, en: str, zh: str, kinds: dict[str, list[str]]) -> list[str]:
+    """What breaks a code comment or a figure label in the Chinese build."""
+    head = en[:50].replace("\n", " ")
+    problems = []
+    if en in kinds.get("comments", ()) and "\n" in zh:
+        problems.append(f"{page}: the code comment \"{head}...\" is translated over several lines: write a "
+                        f"comment's translation on one line (a line without `#` would be code; the build wraps "
+                        f"a run of comment lines itself)")
+    if en in kinds.get("labels", ()) and en.count("…") != zh.count("…"):
+        problems.append(f"{page}: the figure label \"{head}...\" has {en.count('…')} '…' (a number drawn in the "
+                        f"figure), its translation {zh.count('…')}: keep each")
+    return problems
+
+
 def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: bool = True,
                sheet: list[dict] | None = None) -> list[str]:
     """What is wrong with one page's catalogue, one line per problem (empty: nothing).
@@ -253,6 +292,7 @@ def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: boo
     terms = glossary_terms() if terms is None else terms
     sheet = term_sheet() if sheet is None else sheet
     page = str(po.relative_to(CATALOGUES).with_suffix(""))
+    kinds = page_kinds(page)
     problems = []
     done, fuzzy, missing = catalogue_state(po)
     if counts and (fuzzy or missing):
@@ -284,6 +324,7 @@ def check_page(po: Path, terms: list[tuple[str, str]] | None = None, counts: boo
             problems.append(f"{page}: \"{head}...\" is an explanation left in English: translate it "
                             f"(keep the term itself in English)")
         problems += introduction_problems(page, en, zh)
+        problems += visible_problems(page, en, zh, kinds)
     return problems
 
 
@@ -345,6 +386,60 @@ def long_report(pages: list[str] | None = None, show: int = 0) -> list[str]:
     return lines
 
 
+# --- what a reader sees outside the prose: code comments and figure labels ---
+
+def visible_report(pages: list[str] | None = None) -> list[str]:
+    """Per page: the visible code comment lines and figure labels, and how many are translated."""
+    lines = [f"{'page':32s} {'comment lines':>13s} {'translated':>10s} {'figure labels':>13s} {'translated':>10s}"]
+    total = [0, 0, 0, 0]
+    for po in sorted(CATALOGUES.rglob("*.po")):
+        page = str(po.relative_to(CATALOGUES).with_suffix(""))
+        if pages and page not in pages and Path(page).name not in pages:
+            continue
+        kinds = page_kinds(page)
+        if not kinds["comments"] and not kinds["labels"]:
+            continue
+        done = {m.id for m in load(po) if m.id and m.string and not m.fuzzy and m.string != m.id}
+        row = [len(kinds["comment_lines"]), sum(c in done for c in kinds["comment_lines"]),
+               len(kinds["labels"]), sum(label in done for label in kinds["labels"])]
+        total = [a + b for a, b in zip(total, row)]
+        lines.append(f"{page:32s} {row[0]:13d} {row[1]:10d} {row[2]:13d} {row[3]:10d}")
+    lines.append(f"{'all pages':32s} {total[0]:13d} {total[1]:10d} {total[2]:13d} {total[3]:10d}")
+    return lines
+
+
+def figures_report(pages: list[str] | None = None) -> list[str]:
+    """Each figure of each page with its labels; ``NO LABEL`` or ``companion.viz`` marks a figure to look at.
+
+    A figure whose text is drawn by package code (``companion.viz``) or that no
+    label was found for gets its labels in the cell's metadata, ``{"i18n": {"labels": [...]}}``.
+    """
+    import json
+
+    ext = extension()
+    lines = []
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        if pages and path.stem not in pages and f"book/{path.stem}" not in pages:
+            continue
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        helpers = ext.notebook_helpers(cells)
+        for index, cell in enumerate(cells):
+            if not ext.shows_figure(cell):
+                continue
+            labels = ext.figure_labels(cell, helpers)
+            source = "".join(cell["source"])
+            name = cell.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name", "")
+            marks = []
+            if not labels:
+                marks.append("NO LABEL")
+            if re.search(r"\bviz\.\w+\(|companion\.viz", source) and "i18n" not in cell.get("metadata", {}):
+                marks.append("companion.viz: list its drawn text in metadata i18n.labels")
+            lines.append(f"{path.stem} cell {index} {name} {len(labels)} labels"
+                         + (f"  <-- {'; '.join(marks)}" if marks else ""))
+            lines += [f"    {label}" for label in labels]
+    return lines
+
+
 # Interface words that no catalogue holds: myst-nb's prompts on a cell whose code is
 # folded (the book folds only code, with the tag hide-input: tests/test_i18n.py checks).
 ZH_INTERFACE = {"nb_code_prompt_show": "显示代码", "nb_code_prompt_hide": "隐藏代码"}
@@ -391,13 +486,17 @@ def build(out: Path, strict: bool = True, timings: dict | None = None) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("update", "report", "check", "long", "build"):
+    if not argv or argv[0] not in ("update", "report", "check", "long", "visible", "figures", "build"):
         print(__doc__)
         return 2
     if argv[0] == "update":
         update()
     elif argv[0] == "report":
         report()
+    elif argv[0] == "visible":
+        print("\n".join(visible_report(argv[1:])))
+    elif argv[0] == "figures":
+        print("\n".join(figures_report(argv[1:])))
     elif argv[0] == "long":
         show = 0
         pages = argv[1:]
