@@ -1,28 +1,36 @@
 """Checks for the Chapter 16 exercises (today's decoders: the pieces of a Llama block, then the block).
 
-References: :func:`companion.blocks.rms_norm` (16.1), :func:`companion.positional.rope_cos_sin`
-and :func:`~companion.positional.apply_rope` in the half layout (16.2),
-:class:`companion.blocks.GatedFeedForward` with SiLU (16.3),
-:func:`companion.attention.repeat_kv` before causal attention (16.4), and the
-block of :mod:`companion.models.llama` (16.5).
+Each exercise goes past the chapter's code: 16.1 RMSNorm that survives float16, 16.2 rotary
+positions at given positions (a cache offset, one row per sequence) with Llama 3.1's rescaled
+frequencies, 16.3 the feed-forward width rule of Meta's releases (``ffn_dim_multiplier``) and the
+SwiGLU module, 16.4 grouped-query attention of T new queries over S cached keys; 16.5 assembles
+the block.
+
+References: :func:`companion.blocks.rms_norm` in float64 (16.1), :func:`companion.positional.rope_cos_sin`
+with :func:`~companion.positional.llama3_rope_frequencies` and
+:func:`~companion.positional.apply_rope` in the half layout (16.2), Meta's width formula written
+here and :class:`companion.blocks.GatedFeedForward` with SiLU (16.3), a float64 masked softmax after
+:func:`companion.attention.repeat_kv` (16.4), and the block of :mod:`companion.models.llama` (16.5).
 
 Each case also compares the answer with the wrong answers a learner is likely
-to write (LayerNorm, interleaved pairs, a GELU gate, ``repeat`` instead of
-``repeat_interleave``...) and, when it matches one, says which.
+to write (an overflowing float16 square, positions ignored, unsmoothed scaling, rounding to the
+nearest multiple, a top-left causal mask, ``repeat`` instead of ``repeat_interleave``...) and,
+when it matches one, says which.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import repeat_kv, scaled_dot_product_attention
+from ..attention import repeat_kv
 from ..blocks import GatedFeedForward, rms_norm
 from ..models.llama import LlamaBlock, LlamaConfig
-from ..positional import apply_rope, rope_cos_sin
+from ..positional import apply_rope, llama3_rope_frequencies, rope_cos_sin, rope_frequencies
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
 
 
@@ -32,7 +40,12 @@ def _matches(got, want, atol=1e-4) -> bool:
             and bool(torch.allclose(got.detach().to("cpu", torch.float64), want.to(torch.float64), atol=atol, rtol=1e-4)))
 
 
-# ----------------------------------------------------------------- 16.1 RMSNorm
+# ----------------------------------------------------------------- 16.1 RMSNorm, safe in float16
+
+
+def _rms_want(x, w, eps):
+    """Hugging Face's order: normalise in float64 here (float32 there), cast to x's dtype, then the weight."""
+    return w * rms_norm(x.double(), None, eps).to(x.dtype)
 
 
 def _rms_random(student):
@@ -69,112 +82,247 @@ def _rms_dtype(student):
     x64, w64 = torch.randn(3, 9, dtype=torch.float64), torch.randn(9, dtype=torch.float64)
     expect_tensor(student(x64, w64, 1e-6), rms_norm(x64, w64, 1e-6), name="rms_norm in float64")
     x16, w16 = torch.randn(2, 5, 16).to(torch.bfloat16), (torch.rand(16) + 0.5).to(torch.bfloat16)
-    want = rms_norm(x16.float(), w16.float(), 1e-6).to(torch.bfloat16)  # bfloat16 keeps 3 significant digits
-    expect_tensor(student(x16, w16, 1e-6), want, name="rms_norm in bfloat16 (tolerance 2e-2)", atol=2e-2, rtol=2e-2)
+    expect_tensor(student(x16, w16, 1e-6), _rms_want(x16, w16, 1e-6), name="rms_norm in bfloat16 (tolerance 2e-2)",
+                  atol=2e-2, rtol=2e-2)
+
+
+def _rms_float16(student):
+    g = torch.Generator().manual_seed(16)
+    x = (torch.randn(2, 6, 64, generator=g) * 300).half()  # activations of a few hundred: x^2 passes 65504
+    w = (torch.rand(64, generator=g) + 0.5).half()
+    got = student(x, w, 1e-6)
+    name = "rms_norm in float16 of activations of a few hundred (tolerance 1e-2)"
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and got.numel() and bool((got == 0).all()):
+        raise CheckFailed(f"{name} is 0 everywhere: x ** 2 overflows float16 (largest value 65504, so |x| > 256 "
+                          "gives inf, and x * rsqrt(inf) = 0); square and average in float32, then cast back")
+    expect_tensor(got, _rms_want(x, w, 1e-6), name=name, atol=1e-2, rtol=1e-2)
 
 
 register(Exercise(
     id="16.1",
-    title="RMSNorm as a function",
+    title="RMSNorm as a function, safe in float16",
     targets=("rms_norm",),
     forbidden=("companion.blocks", "torch.nn.functional.rms_norm", "torch.nn.RMSNorm"),  # the reference itself
     cases=(
-        Case("random x and weight (2, 7, 13)", 2, _rms_random),
+        Case("random x and weight (2, 7, 13)", 1, _rms_random),
         Case("eps inside the square root matters for tiny rows", 1, _rms_eps),
         Case("does not subtract the mean (rows shifted by 5)", 1, _rms_no_mean),
         Case("keeps the input's dtype (float64, bfloat16)", 1, _rms_dtype),
+        Case("float16 activations of a few hundred do not overflow", 1, _rms_float16),
     ),
 ))
 
 
-# ----------------------------------------------------------------- 16.2 rotate-half RoPE
+# ----------------------------------------------------------------- 16.2 rotary positions: given positions, Llama 3.1
 
 
-def _rope(x, base=10000.0):
-    """Positions 0 .. T-1, half layout (Hugging Face's Llama)."""
-    return apply_rope(x, *rope_cos_sin(x.shape[-2], x.shape[-1], base=base))
+def _llama3_freqs(d, base, scaling, *, kind="llama3"):
+    """The ``Dh/2`` frequencies under Llama 3.1's scaling (``kind="llama3"``) or a wrong rule a learner may write."""
+    theta = rope_frequencies(d, base=base)  # (Dh/2,) float64
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    length = scaling["original_max_position_embeddings"]
+    if kind == "llama3":
+        return llama3_rope_frequencies(d, base=base, factor=factor, low_freq_factor=low, high_freq_factor=high,
+                                       original_max_positions=length)
+    wavelength = 2 * math.pi / theta
+    if kind == "all":  # every frequency divided (position interpolation)
+        return theta / factor
+    if kind == "step":  # no smooth band: divided above length / low_freq_factor, kept below
+        return torch.where(wavelength > length / low, theta / factor, theta)
+    s = (length / wavelength - low) / (high - low)  # kind == "swapped": the two weights of the mix exchanged
+    medium = (wavelength >= length / high) & (wavelength <= length / low)
+    outside = torch.where(wavelength > length / low, theta / factor, theta)
+    return torch.where(medium, s * theta / factor + (1 - s) * theta, outside)
 
 
-def _rope_interleaved(x, base=10000.0):
-    t, d = x.shape[-2], x.shape[-1]
-    return apply_rope(x, *rope_cos_sin(t, d, base=base, layout="interleaved"), layout="interleaved")
+def _rotary(x, positions, base=10000.0, scaling=None, *, kind="llama3", heads_axis=True):
+    """Reference: half layout, any integer positions (T,) or (B, T), Llama 3.1's frequencies when scaling is given."""
+    d = x.shape[-1]
+    freqs = None if scaling is None else _llama3_freqs(d, base, scaling, kind=kind)
+    cos, sin = rope_cos_sin(positions, d, base=base, frequencies=freqs)  # (T, Dh) or (B, T, Dh)
+    if positions.dim() == 2:  # one row of positions per sequence: broadcast over the heads
+        cos, sin = (cos[:, None], sin[:, None]) if heads_axis else (cos[None], sin[None])
+    return apply_rope(x, cos, sin)
 
 
-def _rope_values(student):
-    x = torch.randn(2, 3, 7, 12)
-    expect_tensor(student(x, 10000.0), _rope(x), name="apply_rotary(x of shape (2, 3, 7, 12), base=10000)")
+def _rotary_wrong(got, cases, what):
+    for text, want in cases:
+        if _matches(got, want):
+            raise CheckFailed(f"{what}: {text}")
 
 
-def _rope_base(student):
-    x = torch.randn(1, 2, 9, 8)
-    got = student(x, 500000.0)
-    if _matches(got, _rope(x, 10000.0)) and not _matches(_rope(x, 500000.0), _rope(x, 10000.0)):
-        raise CheckFailed("the result is the one for base 10000 although base=500000 was passed: "
-                          "compute the frequencies as base ** (-2i / Dh) from the argument")
-    expect_tensor(got, _rope(x, 500000.0), name="apply_rotary(x of shape (1, 2, 9, 8), base=500000) (Llama 3's rope_theta)")
+def _rot_inputs(shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _rope_halves(student):
-    x = torch.randn(1, 1, 4, 6)
-    got = student(x, 10000.0)
-    if _matches(got, _rope_interleaved(x)):
-        raise CheckFailed("this is the interleaved layout (pairs 2i, 2i+1, as RoFormer and GPT-J); Hugging Face's "
-                          "Llama rotates halves: feature i pairs with feature i + Dh/2 (rotate_half)")
-    expect_tensor(got, _rope(x), name="apply_rotary(x of shape (1, 1, 4, 6)), half layout")
+def _rope_plain(student):
+    x = _rot_inputs((2, 3, 7, 12), 20)
+    pos = torch.arange(7)
+    expect_tensor(student(x, pos, 10000.0), _rotary(x, pos), name="apply_rotary(x (2, 3, 7, 12), arange(7), 10000)")
+    x = _rot_inputs((1, 2, 9, 8), 21)
+    got = student(x, torch.arange(9), 500000.0)
+    _rotary_wrong(got, [("the result is the one for base 10000 although base=500000 was passed; compute the "
+                         "frequencies base ** (-2i / Dh) from the argument", _rotary(x, torch.arange(9)))],
+                  "apply_rotary(x, arange(9), base=500000)")
+    expect_tensor(got, _rotary(x, torch.arange(9), 500000.0), name="apply_rotary(x (1, 2, 9, 8), arange(9), 500000)")
 
 
-def _rope_position0(student):
-    x = torch.randn(2, 3, 5, 8)
-    got = student(x, 10000.0)
-    expect_true(isinstance(got, torch.Tensor) and got.shape == x.shape,
-                f"apply_rotary should return a tensor of shape {tuple(x.shape)}, got "
-                f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
-    change = (got[..., 0, :] - x[..., 0, :]).abs().amax().item()
-    expect_true(change < 1e-5, f"position 0 should be left unchanged (angle 0), but it changed by up to {change:.3g}: "
-                               "do the positions start at 0?")
+def _rope_offset(student):
+    x = _rot_inputs((2, 2, 4, 8), 22)
+    pos = torch.arange(5, 9)  # four new tokens after five cached ones
+    got = student(x, pos, 10000.0)
+    what = "apply_rotary(x (2, 2, 4, 8), positions 5..8)"
+    _rotary_wrong(got, [("the rotation is the one for positions 0..3: use the positions given, not arange(T)",
+                         _rotary(x, torch.arange(4))),
+                        ("the positions are 4..7, one too low (off by one)", _rotary(x, pos - 1))], what)
+    expect_tensor(got, _rotary(x, pos), name=what)
 
 
-def _rope_relative(student):
-    d, t = 16, 10
-    q = torch.randn(d).expand(1, 1, t, d).contiguous()  # the same query at positions 0..9
-    k = torch.randn(d).expand(1, 1, t, d).contiguous()  # the same key at positions 0..9
-    rq, rk = student(q, 10000.0), student(k, 10000.0)
-    expect_true(isinstance(rq, torch.Tensor) and rq.shape == q.shape and isinstance(rk, torch.Tensor) and rk.shape == k.shape,
-                f"apply_rotary should return a tensor of shape {tuple(q.shape)}")
-    scores = (rq @ rk.transpose(-1, -2))[0, 0]  # (T, T): q at m, k at n
-    ref = (_rope(q) @ _rope(k).transpose(-1, -2))[0, 0]
-    for m, n in ((0, 3), (4, 1), (2, 2)):
-        a, b = scores[m, n].item(), scores[m + 5, n + 5].item()
-        expect_true(abs(a - b) < 1e-3 * (1 + abs(a)),
-                    f"q.k should depend only on m - n: (m, n) = ({m}, {n}) gives {a:.5f} but ({m + 5}, {n + 5}) gives "
-                    f"{b:.5f}; each pair of features must be rotated (x cos + rotate_half(x) sin), not scaled")
-    expect_tensor(scores, ref, name="the scores q_m . k_n of rotated queries and keys (T = 10)", atol=1e-4)
+def _rope_batch_positions(student):
+    x = _rot_inputs((2, 2, 3, 4), 24)  # B = H = 2: a missing head axis broadcasts without an error
+    pos = torch.tensor([[0, 1, 2], [4, 5, 6]])
+    got = student(x, pos, 10000.0)
+    what = "apply_rotary(x (2, 2, 3, 4), positions of shape (2, 3))"
+    first_row = ("every sequence was rotated with the positions of the first row; row b of positions belongs to "
+                 "sequence b", _rotary(x, pos[0]))
+    _rotary_wrong(got, [first_row, ("head h of every sequence got the positions of row h: cos and sin of shape "
+                                    "(B, T, Dh) broadcast against x (B, H, T, Dh) along the heads axis; give them a "
+                                    "head axis, cos[:, None]", _rotary(x, pos, heads_axis=False))], what)
+    expect_tensor(got, _rotary(x, pos), name=what)
+    x = _rot_inputs((3, 2, 5, 8), 23)  # B = 3 sequences, H = 2 heads
+    pos = torch.tensor([[0, 1, 2, 3, 4], [1, 1, 0, 1, 2], [7, 8, 9, 10, 11]])  # row 1 left-padded by two
+    got = student(x, pos, 10000.0)
+    what = "apply_rotary(x (3, 2, 5, 8), positions of shape (3, 5))"
+    _rotary_wrong(got, [(first_row[0], _rotary(x, pos[0]))], what)
+    expect_tensor(got, _rotary(x, pos), name=what)
 
 
-def _rope_odd(student):
-    x = torch.randn(3, 5, 13, 10)  # 5 heads, 5 frequencies
-    expect_tensor(student(x, 10000.0), _rope(x), name="apply_rotary(x of shape (3, 5, 13, 10))")
-    x = torch.randn(1, 1, 3, 2)  # one frequency, theta_0 = 1
-    expect_tensor(student(x, 10000.0), _rope(x), name="apply_rotary(x of shape (1, 1, 3, 2))")
+LLAMA31_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}  # Llama 3.1 8B/70B/405B
+BANDS_SCALING = {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 400}
+
+
+def _rope_scaling_named(got, x, pos, base, scaling, what):
+    _rotary_wrong(got, [
+        ("the frequencies are not rescaled (scaling ignored)", _rotary(x, pos, base)),
+        ("every frequency is divided by factor (plain position interpolation); Llama 3.1 keeps the high "
+         "frequencies, divides only those whose wavelength exceeds L / low_freq_factor, and mixes in between",
+         _rotary(x, pos, base, scaling, kind="all")),
+        ("the band between L / high_freq_factor and L / low_freq_factor is not smoothed: there the frequency is "
+         "(1 - s) theta / factor + s theta with s = (L / wavelength - low_freq_factor) / (high_freq_factor - "
+         "low_freq_factor)", _rotary(x, pos, base, scaling, kind="step")),
+        ("the two weights of the smooth band are exchanged: (1 - s) goes with theta / factor, s with theta",
+         _rotary(x, pos, base, scaling, kind="swapped")),
+    ], what)
+
+
+def _rope_llama31(student):
+    x = _rot_inputs((1, 2, 6, 128), 25)
+    pos = torch.tensor([0, 1, 300, 1000, 2500, 4000])
+    got = student(x, pos, 500000.0, dict(LLAMA31_SCALING))
+    what = "apply_rotary(x (1, 2, 6, 128), positions up to 4000, base 500000, Llama 3.1's scaling)"
+    _rope_scaling_named(got, x, pos, 500000.0, LLAMA31_SCALING, what)
+    expect_tensor(got, _rotary(x, pos, 500000.0, LLAMA31_SCALING), name=what, atol=2e-3)
+
+
+def _rope_bands(student):
+    x = _rot_inputs((2, 1, 6, 10), 26)  # wavelengths 6, 35 (kept), 190 (smoothed), 1041, 5719 (divided)
+    pos = torch.tensor([0, 5, 31, 90, 250, 399])
+    got = student(x, pos, 5000.0, dict(BANDS_SCALING))
+    what = ("apply_rotary(x (2, 1, 6, 10), base 5000, factor 4, low/high_freq_factor 1/4, "
+            "original_max_position_embeddings 400)")
+    _rope_scaling_named(got, x, pos, 5000.0, BANDS_SCALING, what)
+    expect_tensor(got, _rotary(x, pos, 5000.0, BANDS_SCALING), name=what)
 
 
 register(Exercise(
     id="16.2",
-    title="Rotary positions as Hugging Face's Llama applies them",
+    title="Rotary positions at given positions, with Llama 3.1's scaling",
     targets=("apply_rotary",),
     forbidden=("companion.positional", "companion.attention", "companion.models"),  # the reference itself
     cases=(
-        Case("random queries (B=2, H=3, T=7, Dh=12)", 2, _rope_values),
-        Case("uses the base it is given (500000)", 1, _rope_base),
-        Case("rotates halves, not interleaved pairs", 1, _rope_halves),
-        Case("position 0 is unchanged", 1, _rope_position0),
-        Case("q . k depends only on m - n", 1, _rope_relative),
-        Case("odd sizes: 5 heads, 5 frequencies; Dh = 2", 1, _rope_odd),
+        Case("positions 0..T-1, bases 10000 and 500000", 1, _rope_plain),
+        Case("a cache offset: positions 5..8", 1, _rope_offset),
+        Case("one row of positions per sequence (B, T)", 2, _rope_batch_positions),
+        Case("Llama 3.1's scaling (factor 8, 8192 positions, Dh = 128)", 1, _rope_llama31),
+        Case("the three bands: kept, smoothed, divided", 2, _rope_bands),
     ),
 ))
 
 
-# ----------------------------------------------------------------- 16.3 SwiGLU
+# ----------------------------------------------------------------- 16.3 the feed-forward width of Meta's Llamas
+
+
+def _width(d_model, multiple_of, multiplier=None, *, kind="meta"):
+    """Meta's rule (``kind="meta"``) or a wrong one a learner may write."""
+    if kind == "float":  # no int() truncations
+        h = 2 * 4 * d_model / 3 * (1 if multiplier is None else multiplier)
+        return multiple_of * math.ceil(h / multiple_of)
+    h = int(2 * 4 * d_model / 3)
+    if kind == "after":  # the multiplier applied after the rounding
+        h = multiple_of * ((h + multiple_of - 1) // multiple_of)
+        return int(h * multiplier) if multiplier is not None else h
+    if multiplier is not None and kind != "ignored":
+        h = int(multiplier * h)
+    if kind == "nearest":
+        return multiple_of * round(h / multiple_of)
+    if kind == "down":
+        return multiple_of * (h // multiple_of)
+    if kind == "bump":  # one multiple more even when h is already a multiple
+        return multiple_of * (h // multiple_of + 1)
+    return multiple_of * ((h + multiple_of - 1) // multiple_of)
+
+
+_WIDTH_WRONG = {
+    "ignored": "ffn_dim_multiplier is ignored",
+    "nearest": "the width is rounded to the nearest multiple of multiple_of; Meta's code rounds up",
+    "down": "the width is rounded down; Meta's code rounds up to a multiple of multiple_of",
+    "bump": "a width that is already a multiple of multiple_of was rounded up once more; round up with "
+            "multiple_of * ((h + multiple_of - 1) // multiple_of)",
+    "after": "the multiplier is applied after the rounding; Meta's code multiplies first, then rounds up",
+    "float": "the width is not truncated to an int after 2/3 and after the multiplier (int(), as Meta's code does)",
+}
+
+
+def _width_case(width, d_model, multiple_of, multiplier, name):
+    call = (f"swiglu_width({d_model}, {multiple_of})" if multiplier is None
+            else f"swiglu_width({d_model}, {multiple_of}, {multiplier})")
+    got = width(d_model, multiple_of) if multiplier is None else width(d_model, multiple_of, multiplier)
+    want = _width(d_model, multiple_of, multiplier)
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise CheckFailed(f"{call} ({name}) should be an int, {want}; got {got!r} of type {type(got).__name__}")
+    if got != want:
+        for kind, text in _WIDTH_WRONG.items():
+            if got == _width(d_model, multiple_of, multiplier, kind=kind):
+                raise CheckFailed(f"{call} ({name}) should be {want}, got {got}: {text}")
+        raise CheckFailed(f"{call} ({name}) should be {want}, got {got}")
+
+
+# (d_model, multiple_of, ffn_dim_multiplier) -> the hidden width of the released checkpoints
+LLAMA1_WIDTHS = {"LLaMA 7B": (4096, 256, None, 11008), "LLaMA 13B": (5120, 256, None, 13824)}
+LLAMA3_WIDTHS = {  # Meta's llama-models: models/sku_list.py (model_args of Llama 3 and 3.1)
+    "Llama 3 8B": (4096, 1024, 1.3, 14336), "Llama 3 70B": (8192, 4096, 1.3, 28672),
+    "Llama 3.1 405B": (16384, 4096, 1.2, 53248),
+}
+# Small sizes where each wrong order of the roundings gives another number
+ROUNDING_WIDTHS = {"exactly a multiple": (96, 64, None), "rounded up, not to the nearest": (100, 64, None),
+                   "multiplier before the rounding": (100, 32, 1.5), "int() after the multiplier": (10, 1, 1.3)}
+
+
+def _width_llama1(width, cls):
+    for name, (d, m, mult, _) in LLAMA1_WIDTHS.items():
+        _width_case(width, d, m, mult, name)
+
+
+def _width_llama3(width, cls):
+    for name, (d, m, mult, _) in LLAMA3_WIDTHS.items():
+        _width_case(width, d, m, mult, name)
+
+
+def _width_rounding(width, cls):
+    for name, (d, m, mult) in ROUNDING_WIDTHS.items():
+        _width_case(width, d, m, mult, name)
 
 
 _SHAPES = {"gate": "(d_ff, d_model)", "up": "(d_ff, d_model)", "down": "(d_model, d_ff)"}
@@ -187,7 +335,7 @@ def _build_swiglu(cls, d_model, d_ff):
     for name, shape in want.items():
         sub = getattr(ffn, name, None)
         if not isinstance(sub, nn.Linear):
-            raise CheckFailed(f"the module must have an nn.Linear named {name}, got {type(sub).__name__}")
+            raise CheckFailed(f"SwiGLU(d_model, d_ff) must have an nn.Linear named {name}, got {type(sub).__name__}")
         if tuple(sub.weight.shape) != shape:
             raise CheckFailed(f"{name}.weight should have shape {_SHAPES[name]} = {shape}, got {tuple(sub.weight.shape)}")
         if sub.bias is not None:
@@ -201,21 +349,15 @@ def _reference_swiglu(ffn, d_model, d_ff):
     return ref
 
 
-def _swiglu_layout(cls):
-    _build_swiglu(cls, 12, 20)
-
-
-def _swiglu_matches(cls):
+def _swiglu_matches(width, cls):
     ffn = _build_swiglu(cls, 13, 35)
     ref = _reference_swiglu(ffn, 13, 35)
     x = torch.randn(2, 7, 13)
     with torch.no_grad():
-        expect_tensor(ffn(x), ref(x), name="output on x of shape (2, 7, 13), d_ff = 35")
-        x1 = torch.randn(1, 1, 13)
-        expect_tensor(ffn(x1), ref(x1), name="output on one token (1, 1, 13)")
+        expect_tensor(ffn(x), ref(x), name="SwiGLU(13, 35) on x of shape (2, 7, 13)")
 
 
-def _swiglu_gated_silu(cls):
+def _swiglu_gated_silu(width, cls):
     ffn = _build_swiglu(cls, 10, 27)
     ref = _reference_swiglu(ffn, 10, 27)
     x = torch.randn(3, 5, 10) * 2
@@ -235,65 +377,83 @@ def _swiglu_gated_silu(cls):
         for what, out in wrong.items():
             if _matches(got, out):
                 raise CheckFailed(f"the output equals {what}; the expected is down(silu(gate(x)) * up(x))")
-        expect_tensor(got, ref(x), name="output on x of shape (3, 5, 10), d_ff = 27")
+        expect_tensor(got, ref(x), name="SwiGLU(10, 27) on x of shape (3, 5, 10)")
 
 
 register(Exercise(
     id="16.3",
-    title="A SwiGLU feed-forward module",
-    targets=("SwiGLU",),
+    title="The feed-forward width of Meta's Llamas",
+    targets=("swiglu_width", "SwiGLU"),
     forbidden=("companion.blocks", "companion.models"),  # the reference itself
     cases=(
-        Case("gate, up and down are nn.Linear without bias", 1, _swiglu_layout),
-        Case("equals the reference with the same weights", 3, _swiglu_matches),
-        Case("gates with SiLU: not GELU, not ungated", 2, _swiglu_gated_silu),
+        Case("LLaMA 7B and 13B: 11008 and 13824", 1, _width_llama1),
+        Case("Llama 3 8B, 70B and 405B with ffn_dim_multiplier", 2, _width_llama3),
+        Case("the order of the roundings on small sizes", 1, _width_rounding),
+        Case("SwiGLU(d_model, d_ff) equals the reference with the same weights", 1, _swiglu_matches),
+        Case("gates with SiLU: not GELU, not ungated", 1, _swiglu_gated_silu),
     ),
 ))
 
 
-# ----------------------------------------------------------------- 16.4 grouped-query attention
+# ----------------------------------------------------------------- 16.4 grouped-query attention over a KV cache
 
 
-def _gqa_inputs(b, h, hkv, t, d, seed):
+def _gqa_inputs(b, h, hkv, t, s, d, seed):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, t, d, generator=g), torch.randn(b, hkv, t, d, generator=g),
-            torch.randn(b, hkv, t, d, generator=g))
+    return (torch.randn(b, h, t, d, generator=g), torch.randn(b, hkv, s, d, generator=g),
+            torch.randn(b, hkv, s, d, generator=g))
 
 
-def _gqa_ref(q, k, v, *, causal=True, tile=False):
+def _gqa_ref(q, k, v, *, mask="bottom", tile=False):
+    """float64 reference: query i (of T) sits at position S - T + i and sees keys 0 .. S - T + i."""
     n_rep = q.shape[1] // k.shape[1]
     if tile:  # the wrong grouping: head h reads key/value head h % Hkv
         k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)
     else:
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # head h reads key/value head h // n_rep
-    return scaled_dot_product_attention(q, k, v, is_causal=causal, backend="manual")
+    t, s = q.shape[-2], k.shape[-2]
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    i, j = torch.arange(t)[:, None], torch.arange(s)
+    if mask != "none":
+        keep = j <= (s - t + i if mask == "bottom" else i)  # "top": query i sees keys 0..i (top-left)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (scores.softmax(-1) @ v.double()).float()
 
 
-def _gqa_case(student, b, h, hkv, t, d, seed):
-    q, k, v = _gqa_inputs(b, h, hkv, t, d, seed)
+def _gqa_case(student, b, h, hkv, t, s, d, seed):
+    q, k, v = _gqa_inputs(b, h, hkv, t, s, d, seed)
     got = student(q, k, v)
-    what = f"(B={b}, H={h}, Hkv={hkv}, T={t}, Dh={d})"
-    if hkv not in (1, h) and _matches(got, _gqa_ref(q, k, v, tile=True)):
-        raise CheckFailed(f"query head h reads key/value head h % Hkv (k.repeat): the grouping is wrong {what}; "
-                          f"heads 0..{h // hkv - 1} share key/value head 0, so repeat each key/value head "
-                          "H/Hkv times in place (repeat_interleave), as Hugging Face's repeat_kv does")
-    if t > 1 and _matches(got, _gqa_ref(q, k, v, causal=False)):
-        raise CheckFailed(f"the attention is not causal {what}: query i must see only keys 0..i")
-    expect_tensor(got, _gqa_ref(q, k, v), name=f"causal grouped-query attention {what}")
+    what = f"(B={b}, H={h}, Hkv={hkv}, T={t}, S={s}, Dh={d})"
+    want = _gqa_ref(q, k, v)
+    wrong = []
+    if hkv not in (1, h):
+        wrong.append((f"query head h reads key/value head h % Hkv (k.repeat): the grouping is wrong; heads "
+                      f"0..{h // hkv - 1} share key/value head 0 (repeat_interleave order, or reshape the queries "
+                      "to (B, Hkv, H/Hkv, T, Dh))", _gqa_ref(q, k, v, tile=True)))
+    if s > t:
+        wrong.append((f"query i sees keys 0..i (the top-left causal mask, as F.scaled_dot_product_attention's "
+                      f"is_causal=True gives when T < S); the T queries are the last T of the S positions, so "
+                      f"query i sees keys 0..S - T + i = 0..{s - t}+i", _gqa_ref(q, k, v, mask="top")))
+    if t > 1 or s > 1:
+        wrong.append(("no mask: every query sees every key, later ones included", _gqa_ref(q, k, v, mask="none")))
+    for text, out in wrong:
+        if not _matches(out, want) and _matches(got, out):
+            raise CheckFailed(f"{what}: {text}")
+    expect_tensor(got, want, name=f"grouped-query attention {what}", atol=1e-5)
 
 
 register(Exercise(
     id="16.4",
-    title="Causal grouped-query attention",
+    title="Grouped-query attention over a KV cache",
     targets=("grouped_query_attention",),
     forbidden=("companion.attention", "companion.efficient_attention", "companion.models",
                "torch.nn.functional.scaled_dot_product_attention"),
     cases=(
-        Case("Hkv = H (multi-head attention)", 1, lambda s: _gqa_case(s, 2, 4, 4, 5, 8, 0)),
-        Case("Hkv = 1 (multi-query attention)", 1, lambda s: _gqa_case(s, 2, 6, 1, 7, 4, 1)),
-        Case("H = 6, Hkv = 2: heads grouped in order", 2, lambda s: _gqa_case(s, 1, 6, 2, 9, 8, 2)),
-        Case("odd sizes (B=3, H=9, Hkv=3, T=11, Dh=5) and one token", 1,
-             lambda s: (_gqa_case(s, 3, 9, 3, 11, 5, 3), _gqa_case(s, 2, 4, 2, 1, 6, 4))),
+        Case("no cache (S = T): causal, H = 6, Hkv = 2", 1, lambda s: _gqa_case(s, 2, 6, 2, 7, 7, 8, 0)),
+        Case("3 new queries after 7 cached keys (S = 10)", 2, lambda s: _gqa_case(s, 2, 6, 2, 3, 10, 8, 1)),
+        Case("one new token (T = 1) sees all S = 9 keys", 1, lambda s: _gqa_case(s, 1, 4, 2, 1, 9, 8, 2)),
+        Case("multi-query and multi-head with a cache, odd sizes", 1,
+             lambda s: (_gqa_case(s, 3, 5, 1, 4, 11, 5, 3), _gqa_case(s, 2, 3, 3, 2, 6, 6, 4))),
     ),
 ))
 
