@@ -1,16 +1,20 @@
 """Checks for the Chapter 4 exercises (the original encoder-decoder).
 
 Each case builds random inputs, runs the student's code and compares with the
-reference in :mod:`companion.models.transformer`, or with ``torch.nn``'s own
-post-LN layer holding the same weights.
+reference in :mod:`companion.models.transformer`; 4.3 (DeepNorm) with a
+functional post-LN layer written here from the weights it loads into the
+student's layer (equal to ``nn.TransformerEncoderLayer`` at alpha = 1, see
+``tests/test_grading_ch04_redesign.py``).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import TransformerBlock
 from ..masks import causal_mask, padding_mask
 from ..models.transformer import (
     Transformer,
@@ -116,74 +120,121 @@ register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------- 4.3 post-LN layer
+# ----------------------------------------------------------------- 4.3 DeepNorm encoder layer
+
+# The parameters of the chapter's EncoderLayer (its Attention's q, k, v, out; feed_forward's Sequential; two norms).
+_LAYER_KEYS = tuple(f"{m}.{p}" for m in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.out", "ffn.0", "ffn.2",
+                                         "norm1", "norm2") for p in ("weight", "bias"))
 
 
-def _build_layer(cls, d_model, n_heads, d_ff):
-    torch.manual_seed(3)
-    layer = cls(d_model, n_heads, d_ff)
-    torch_layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.0, activation="relu",
-                                             batch_first=True, norm_first=False)
-    with torch.no_grad():
-        for norm in (torch_layer.norm1, torch_layer.norm2):
-            norm.weight.uniform_(0.5, 1.5)
-            norm.bias.normal_(0, 0.1)
-    ref = TransformerBlock.from_torch(torch_layer)
-    try:
-        layer.load_state_dict(ref.state_dict())
-    except Exception as err:  # noqa: BLE001
-        raise CheckFailed(f"could not load the reference weights into your layer: {str(err).splitlines()[0]}") from None
+def _deepnorm_reference(sd, x, mask, n_heads, alpha, eps=1e-5):
+    """LN(alpha x + Attention(x)), then LN(alpha x + FFN(x)), from a state dict with the chapter's names."""
+    b, t, d = x.shape
+
+    def lin(name, z):
+        return F.linear(z, sd[f"{name}.weight"], sd[f"{name}.bias"])
+
+    def split(z):
+        return z.view(b, t, n_heads, d // n_heads).transpose(1, 2)
+
+    q, k, v = (split(lin(f"self_attn.{p}", x)) for p in "qkv")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d // n_heads)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    attn = lin("self_attn.out", (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d))
+    x = F.layer_norm(alpha * x + attn, (d,), sd["norm1.weight"], sd["norm1.bias"], eps)
+    ffn = lin("ffn.2", torch.relu(lin("ffn.0", x)))
+    return F.layer_norm(alpha * x + ffn, (d,), sd["norm2.weight"], sd["norm2.bias"], eps)
+
+
+def _new_layer(cls, d_model, n_heads, d_ff, n_layers):
+    layer = cls(d_model, n_heads, d_ff, n_layers)
     if hasattr(layer, "eval"):
         layer.eval()
-    return layer, torch_layer.train(), ref  # torch in training mode with dropout 0: no fast path
+    try:
+        keys = tuple(layer.state_dict())
+    except Exception as err:  # noqa: BLE001
+        raise CheckFailed(f"could not read your layer's state_dict(): {str(err).splitlines()[0]}") from None
+    if sorted(keys) != sorted(_LAYER_KEYS):
+        missing = sorted(set(_LAYER_KEYS) - set(keys))
+        extra = sorted(set(keys) - set(_LAYER_KEYS))
+        raise CheckFailed("keep the chapter's modules and names (self_attn = Attention with q, k, v, out; "
+                          f"ffn = feed_forward; norm1, norm2); missing {missing}, unexpected {extra}")
+    return layer
 
 
-def _layer_matches_torch(cls):
-    layer, torch_layer, _ = _build_layer(cls, 12, 3, 20)
-    x = torch.randn(2, 7, 12)
+def _deepnorm_forward(cls, d_model, n_heads, d_ff, n_layers, b, t, lengths, causal, seed):
+    layer = _new_layer(cls, d_model, n_heads, d_ff, n_layers)
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for key in _LAYER_KEYS:
+        shape = {"ffn.0.weight": (d_ff, d_model), "ffn.0.bias": (d_ff,), "ffn.2.weight": (d_model, d_ff)}.get(
+            key, (d_model, d_model) if key.endswith("weight") and not key.startswith("norm") else (d_model,))
+        if key.startswith("norm"):
+            sd[key] = (1.0 if key.endswith("weight") else 0.0) + 0.3 * torch.randn(shape, generator=g)
+        else:
+            sd[key] = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+    try:
+        layer.load_state_dict({k: v.clone() for k, v in sd.items()})
+    except Exception as err:  # noqa: BLE001
+        raise CheckFailed(f"could not load weights into your layer: {str(err).splitlines()[0]}") from None
+    x = torch.randn(b, t, d_model, generator=g) * 2 + 0.5
+    mask = None
+    if lengths is not None:
+        mask = padding_mask(torch.arange(t)[None, :] < torch.tensor(lengths)[:, None])
+    if causal:
+        mask = causal_mask(t) if mask is None else mask & causal_mask(t)
+    alpha = (2 * n_layers) ** 0.25
+    want = _deepnorm_reference(sd, x, mask, n_heads, alpha)
     with torch.no_grad():
-        expect_tensor(layer(x), torch_layer(x), name="output vs nn.TransformerEncoderLayer(norm_first=False)")
+        got = layer(x.clone()) if mask is None else layer(x.clone(), mask)
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        plain = _deepnorm_reference(sd, x, mask, n_heads, 1.0)
+        if torch.allclose(got, plain, atol=1e-4):
+            raise CheckFailed(f"this is the chapter's post-LN layer (alpha = 1); DeepNorm scales the residual x by "
+                              f"alpha = (2N)^(1/4) = {alpha:.4f} for N = {n_layers} before each LayerNorm")
+    what = "" if mask is None else (" with a causal mask" if lengths is None else " with a padding mask")
+    expect_tensor(got, want, name=f"output of LN(alpha x + sublayer(x)), N = {n_layers} (alpha = {alpha:.4f}){what}")
 
 
-def _layer_with_padding(cls):
-    layer, torch_layer, _ = _build_layer(cls, 12, 3, 20)
-    x = torch.randn(3, 13, 12)
-    valid = torch.arange(13)[None, :] < torch.tensor([13, 8, 2])[:, None]
-    with torch.no_grad():
-        expect_tensor(layer(x, padding_mask(valid)), torch_layer(x, src_key_padding_mask=~valid),
-                      name="output with a padding mask (B, 1, 1, S)")
+def _xavier_ratio(w):
+    fan_out, fan_in = w.shape
+    return float(w.std()) / math.sqrt(2.0 / (fan_in + fan_out))
 
 
-def _layer_not_pre_ln(cls):
-    layer, _, ref = _build_layer(cls, 8, 2, 16)
-    x = torch.randn(2, 5, 8) * 3 + 1
-    pre = TransformerBlock(8, 2, 16, norm_first=True)
-    pre.load_state_dict(ref.state_dict())
-    with torch.no_grad():
-        got, want, pre_out = layer(x), ref(x), pre.eval()(x)
-    if isinstance(got, torch.Tensor) and got.shape == pre_out.shape and torch.allclose(got, pre_out, atol=1e-4):
-        raise CheckFailed("this is the pre-LN wiring x + sublayer(norm(x)); the original is norm(x + sublayer(x))")
-    expect_tensor(got, want, name="output on inputs with mean 1 and std 3")
-
-
-def _layer_causal(cls):
-    layer, _, ref = _build_layer(cls, 10, 5, 14)
-    x = torch.randn(2, 6, 10)
-    mask = causal_mask(6)
-    with torch.no_grad():
-        expect_tensor(layer(x, mask), ref(x, mask), name="output with a causal mask (T, T)")
+def _deepnorm_init(cls, names, gain_of, what):
+    n_layers = 12
+    layer = _new_layer(cls, 64, 4, 96, n_layers)
+    sd = layer.state_dict()
+    beta = (8 * n_layers) ** -0.25
+    for name in names:
+        gain = gain_of(beta)
+        w = sd[f"{name}.weight"].detach().float()
+        ratio = _xavier_ratio(w)
+        if not 0.85 * gain < ratio < 1.15 * gain:
+            raise CheckFailed(f"{what}: {name}.weight has std {float(w.std()):.4f} = {ratio:.3f} times Xavier's "
+                              f"sqrt(2 / (fan_in + fan_out)); expected {gain:.3f} times (gain "
+                              f"{'beta = (8N)^(-1/4)' if gain != 1.0 else '1'}, N = {n_layers})")
 
 
 register(Exercise(
     id="4.3",
-    title="A post-LN encoder layer",
-    targets=("PostLNEncoderLayer",),
-    forbidden=("companion.blocks.TransformerBlock", "companion.models.transformer"),  # the reference itself
+    title="A DeepNorm encoder layer",
+    targets=("DeepNormEncoderLayer",),
+    forbidden=("companion.blocks", "companion.models"),
     cases=(
-        Case("matches nn.TransformerEncoderLayer (post-LN) with the same weights", 3, _layer_matches_torch),
-        Case("passes the mask to self-attention (padding)", 2, _layer_with_padding),
-        Case("normalises after the residual sum (post-LN, not pre-LN)", 2, _layer_not_pre_ln),
-        Case("works with a causal mask and other sizes", 1, _layer_causal),
+        Case("keeps the chapter's modules and parameter names", 1, lambda c: _new_layer(c, 12, 3, 20, 4)),
+        Case("LN(alpha x + sublayer(x)) with alpha = (2N)^(1/4), N = 6", 3,
+             lambda c: _deepnorm_forward(c, 12, 3, 20, 6, 2, 7, None, False, 0)),
+        Case("N = 50, a padding mask, a causal mask, other sizes", 2,
+             lambda c: (_deepnorm_forward(c, 10, 5, 14, 50, 3, 9, [9, 5, 1], False, 1),
+                        _deepnorm_forward(c, 16, 2, 24, 3, 2, 6, None, True, 2))),
+        Case("v, out and both FFN weights: Xavier normal with gain beta = (8N)^(-1/4)", 1,
+             lambda c: _deepnorm_init(c, ("self_attn.v", "self_attn.out", "ffn.0", "ffn.2"), lambda beta: beta,
+                                      "DeepNorm's scaled initialisation")),
+        Case("q and k weights: Xavier normal with gain 1", 1,
+             lambda c: _deepnorm_init(c, ("self_attn.q", "self_attn.k"), lambda beta: 1.0,
+                                      "the query and key weights keep gain 1")),
     ),
 ))
 

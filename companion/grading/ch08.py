@@ -1,9 +1,10 @@
 """Checks for the Chapter 8 exercises (BERT's variants).
 
-References: :func:`companion.models.bert.padding_position_ids` (RoBERTa's positions),
-the parameter count of :class:`companion.models.bert.BertModel` built on the meta
-device (ALBERT), :func:`companion.distillation.soft_target_loss` (DistilBERT) and
-the replaced-token-detection loss written with ``torch.nn.functional`` (ELECTRA).
+References: a loop over the tokens (position ids of packed documents), the
+parameter count of :class:`companion.models.bert.BertModel` built on the meta
+device (ALBERT), the replaced-token-detection loss written with
+``torch.nn.functional`` (ELECTRA) and DistilBERT's three loss terms as Hugging
+Face's distillation example computes them with ``torch.nn.functional``.
 """
 
 from __future__ import annotations
@@ -11,40 +12,64 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..distillation import soft_target_loss
-from ..models.bert import BertConfig, BertModel, padding_position_ids
+from ..models.bert import BertConfig, BertModel
 from ..calculators import count_parameters
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register
 
 
-# ----------------------------------------------------------------- 8.1 RoBERTa's position ids
+# ----------------------------------------------------------------- 8.1 position ids of packed documents
 
-def _pos_case(student, ids, pad_id, what):
-    got = student(ids.clone(), pad_id)
-    expect_tensor(got, padding_position_ids(ids, pad_id), name=f"position ids ({what})")
+def _packed_reference(ids: torch.Tensor, pad_id: int, bos_id: int) -> torch.Tensor:
+    """A plain loop: the count restarts at every bos_id; padding keeps pad_id and does not advance it."""
+    out = torch.full_like(ids, pad_id)
+    for r in range(ids.shape[0]):
+        n = 0
+        for c in range(ids.shape[1]):
+            tok = int(ids[r, c])
+            if tok == pad_id:
+                continue
+            n = 1 if tok == bos_id else n + 1
+            out[r, c] = pad_id + n
+    return out
 
 
-def _pos_random(student, b, t, pad_id, seed):
+def _packed_case(student, ids, pad_id, bos_id, what):
+    got = student(ids.clone(), pad_id, bos_id)
+    expect_tensor(got, _packed_reference(ids, pad_id, bos_id),
+                  name=f"position ids ({what}; each document must restart at pad_id + 1 = {pad_id + 1} on its bos_id)")
+
+
+def _packed_batch(b, t, pad_id, bos_id, seed):
+    """Rows of documents <s> w w ... packed back to back, then right padding."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(pad_id + 1, 50, (b, t), generator=g)
-    lengths = torch.randint(1, t + 1, (b,), generator=g)
-    ids[torch.arange(t) >= lengths[:, None]] = pad_id
-    _pos_case(student, ids, pad_id, f"B={b}, T={t}, right padding, pad_id={pad_id}")
+    ids = torch.full((b, t), pad_id)
+    for r in range(b):
+        c = 0
+        used = int(torch.randint(t // 2, t + 1, (1,), generator=g))
+        while c < used:
+            n = min(int(torch.randint(1, 7, (1,), generator=g)), used - c)
+            ids[r, c] = bos_id
+            ids[r, c + 1:c + n] = torch.randint(max(pad_id, bos_id) + 1, 60, (n - 1,), generator=g)
+            c += n
+    return ids
 
 
 register(Exercise(
     id="8.1",
-    title="RoBERTa's position ids from the input ids",
-    targets=("roberta_position_ids",),
+    title="Position ids for packed documents",
+    targets=("packed_position_ids",),
     forbidden=("transformers", "companion.models"),
     cases=(
-        Case("a worked example (pad_id 1)", 2,
-             lambda s: _pos_case(s, torch.tensor([[0, 7, 8, 2, 1, 1]]), 1, "[[0, 7, 8, 2, 1, 1]]")),
-        Case("a padded batch (B=4, T=9)", 2, lambda s: _pos_random(s, 4, 9, 1, 0)),
-        Case("another pad id (0) and a row of padding only", 1,
-             lambda s: _pos_case(s, torch.tensor([[5, 6, 0], [0, 0, 0]]), 0, "pad_id 0, an empty row")),
-        Case("padding in the middle (left padding)", 1,
-             lambda s: _pos_case(s, torch.tensor([[1, 1, 0, 9, 2]]), 1, "left-padded row")),
+        Case("one document per row: RoBERTa's numbering", 1,
+             lambda s: _packed_case(s, torch.tensor([[0, 7, 8, 2, 1, 1], [0, 9, 2, 1, 1, 1]]), 1, 0, "one document a row")),
+        Case("a worked example: three documents in one row", 2,
+             lambda s: _packed_case(s, torch.tensor([[0, 7, 8, 2, 0, 9, 2, 0, 5, 1]]), 1, 0,
+                                    "[[0, 7, 8, 2, 0, 9, 2, 0, 5, 1]]")),
+        Case("a packed batch with right padding (B=4, T=17)", 2,
+             lambda s: _packed_case(s, _packed_batch(4, 17, 1, 0, 0), 1, 0, "B=4, T=17, pad_id 1, bos_id 0")),
+        Case("pad_id 0, bos_id 2: one-token documents, padding inside a document, a row of padding only", 1,
+             lambda s: _packed_case(s, torch.tensor([[2, 2, 5, 2, 0, 0], [0, 0, 0, 0, 0, 0], [0, 2, 6, 0, 7, 2]]),
+                                    0, 2, "pad_id 0, bos_id 2, padding inside a document")),
     ),
 ))
 
@@ -123,32 +148,66 @@ register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------- 8.4 DistilBERT's soft-target loss
+# ----------------------------------------------------------------- 8.4 DistilBERT's triple loss
 
-def _soft_case(student, n, v, temperature, seed, what):
+def _distil_reference(s_logits, t_logits, s_hidden, t_hidden, labels, attention_mask, T, alphas, restrict):
+    """As Hugging Face's distillation example computes it: nn.KLDivLoss(batchmean) on the selected rows, T^2,
+    CrossEntropyLoss(ignore_index=-100), CosineEmbeddingLoss(mean) with target 1 on the real tokens."""
+    real = attention_mask.bool()
+    rows = labels != -100 if restrict else real
+    kl = F.kl_div(F.log_softmax(s_logits[rows] / T, dim=-1), F.softmax(t_logits[rows] / T, dim=-1),
+                  reduction="batchmean") * T ** 2
+    mlm = F.cross_entropy(s_logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    cos = F.cosine_embedding_loss(s_hidden[real], t_hidden[real], torch.ones(int(real.sum())))
+    a_ce, a_mlm, a_cos = alphas
+    return a_ce * kl + a_mlm * mlm + a_cos * cos
+
+
+def _distil_batch(b, t, v, d, seed):
+    """Right-padded rows; padding holds huge logits and hidden states, as a real model's padded outputs may."""
     g = torch.Generator().manual_seed(seed)
-    s_logits, t_logits = 2 * torch.randn(n, v, generator=g), 2 * torch.randn(n, v, generator=g)
-    got = student(s_logits.clone(), t_logits.clone(), temperature)
-    expect_tensor(got, soft_target_loss(s_logits, t_logits, temperature), name=f"soft-target loss ({what})")
+    lengths = torch.randint(2, t + 1, (b,), generator=g)
+    lengths[0] = t
+    real = torch.arange(t) < lengths[:, None]
+    s_logits, t_logits = 2 * torch.randn(b, t, v, generator=g), 2 * torch.randn(b, t, v, generator=g)
+    s_hidden, t_hidden = torch.randn(b, t, d, generator=g), torch.randn(b, t, d, generator=g)
+    targets = torch.randint(v, (b, t), generator=g)
+    picked = (torch.rand(b, t, generator=g) < 0.3) & real
+    picked[:, 0] = True  # at least one masked position a row
+    labels = torch.where(picked, targets, torch.full_like(targets, -100))
+    s_logits[~real], t_logits[~real] = 1e4 * torch.randn(int((~real).sum()), v, generator=g), 0.0
+    s_hidden[~real] = 1e3
+    t_hidden[~real] = -1e3 * torch.randn(int((~real).sum()), d, generator=g)
+    return s_logits, t_logits, s_hidden, t_hidden, labels, real.long()
 
 
-def _soft_large(student):
-    s_logits = torch.tensor([[300.0, 0.0, -300.0], [0.0, 200.0, 0.0]])
-    t_logits = torch.tensor([[0.0, 300.0, -300.0], [0.0, 0.0, 250.0]])
-    got = student(s_logits.clone(), t_logits.clone(), 1.0)
-    expect_tensor(got, soft_target_loss(s_logits, t_logits, 1.0), name="soft-target loss with logits of +-300")
+def _distil_case(student, seed, T, alphas, restrict, what, b=3, t=9, v=11, d=6):
+    batch = _distil_batch(b, t, v, d, seed)
+    want = _distil_reference(*batch, T, alphas, restrict)
+    got = student(*(x.clone() for x in batch), T, alphas, restrict)
+    expect_tensor(got, want, name=f"{what} (T={T}, alphas={alphas}, restrict_to_masked={restrict})")
 
 
 register(Exercise(
     id="8.4",
-    title="DistilBERT's soft-target loss with a temperature",
-    targets=("soft_target_loss",),
+    title="DistilBERT's triple loss over a padded batch",
+    targets=("distil_loss",),
     forbidden=("transformers", "companion.distillation"),
     cases=(
-        Case("T = 1 (plain KL divergence)", 2, lambda s: _soft_case(s, 5, 7, 1.0, 0, "T=1")),
-        Case("T = 2, DistilBERT's value (the T^2 factor)", 2, lambda s: _soft_case(s, 6, 11, 2.0, 1, "T=2")),
-        Case("T = 4 and one row", 1, lambda s: _soft_case(s, 1, 30, 4.0, 2, "T=4, N=1")),
-        Case("large logits stay finite (log-softmax, not log of softmax)", 1, lambda s: _soft_large(s)),
+        Case("the soft-target term over the real tokens only", 2,
+             lambda s: _distil_case(s, 0, 2.0, (1.0, 0.0, 0.0), False,
+                                    "soft-target term alone, over the real tokens (padding holds logits of 1e4)")),
+        Case("the soft-target term at the masked positions only", 1,
+             lambda s: _distil_case(s, 1, 4.0, (1.0, 0.0, 0.0), True,
+                                    "soft-target term alone, over the positions whose label is not -100")),
+        Case("the MLM term: cross-entropy at temperature 1", 1,
+             lambda s: _distil_case(s, 2, 3.0, (0.0, 1.0, 0.0), False,
+                                    "MLM term alone: cross-entropy of the student's logits (not divided by T) "
+                                    "at the labelled positions")),
+        Case("the cosine term over the real tokens", 1,
+             lambda s: _distil_case(s, 3, 2.0, (0.0, 0.0, 1.0), False,
+                                    "cosine term alone: mean of 1 - cos(h_student, h_teacher) over the real tokens")),
+        Case("DistilBERT's weights 5, 2, 1 at T = 2", 1,
+             lambda s: _distil_case(s, 4, 2.0, (5.0, 2.0, 1.0), True, "the weighted sum", b=4, t=13, v=17, d=8)),
     ),
 ))
-
