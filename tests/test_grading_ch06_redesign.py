@@ -54,7 +54,7 @@ def influencing_positions(t, i, n_layers, window, n_sink=0):
     return reach_closed_form(t, i, n_layers, window, n_sink)
 
 
-def influencing_by_layers(t, i, n_layers, window, n_sink=0):  # layer by layer, O(t) each: right, too slow for 6.4's long case
+def influencing_by_layers(t, i, n_layers, window, n_sink=0):  # layer by layer, O(t) each: right, too slow at t = 20M
     reached = torch.zeros(t, dtype=torch.bool)
     reached[i] = True
     for _ in range(n_layers):

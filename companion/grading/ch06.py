@@ -143,7 +143,7 @@ def _window_long_cache(student):
     except NotImplementedError:
         raise
     except (RuntimeError, MemoryError) as err:
-        raise CheckFailed(f"{name} raised {type(err).__name__} ({str(err).splitlines()[0][:100] + '...'}): an (s, s) mask "
+        raise CheckFailed(f"{name} raised {type(err).__name__} ({str(err).splitlines()[0][:100]}...): an (s, s) mask "
                           "of 20 million keys cannot be allocated; compute the (t, s) mask from the queries' "
                           "positions s - t + i directly") from None
     want = torch.zeros(t, s, dtype=torch.bool)
@@ -270,7 +270,8 @@ def _reach_diagnose(got, want, t: int, i: int, layers: int, window: int, n_sink:
 
 
 def _reach_small(student):
-    for t, window, layers, positions in ((12, 3, 1, (0, 5, 11)), (12, 3, 4, (11, 7)), (10, 1, 3, (4,)), (9, 2, 8, (8,))):
+    cases = ((12, 3, 1, (0, 5, 11)), (12, 3, 4, (11, 7)), (10, 1, 3, (4,)), (9, 2, 8, (8,)))
+    for t, window, layers, positions in cases:
         want_all = influence_matrix(window_sink_mask(t, window), layers)
         for i in positions:
             got = student(t, i, layers, window)
@@ -296,7 +297,7 @@ def _reach_long(student):
         except NotImplementedError:
             raise
         except (RuntimeError, MemoryError) as err:
-            raise CheckFailed(f"{name} raised {type(err).__name__} ({str(err).splitlines()[0][:100] + '...'}): a (t, t) "
+            raise CheckFailed(f"{name} raised {type(err).__name__} ({str(err).splitlines()[0][:100]}...): a (t, t) "
                               "mask of 20 million positions needs 4 * 10^14 booleans; compute the reached "
                               "positions from the window, the depth and the sinks, without building a (t, t) "
                               "matrix") from None
