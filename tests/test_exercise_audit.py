@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from companion.grading import get_exercise, run_exercise
+from companion.grading.ch06 import window_sink_mask
+from companion.masks import causal_mask
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
 
@@ -36,6 +38,31 @@ def chapter_code(notebook, *names):
     ns = {"torch": torch, "nn": nn, "F": F, "math": math}
     for name in names:
         exec(compile(found[name], f"{notebook}:{name}", "exec"), ns)  # noqa: S102
+    return ns
+
+
+def chapter_lines(notebook, *targets):
+    """The first assignment to each named variable in the chapter's visible code cells, as source lines."""
+    found = {}
+    for cell in json.loads((BOOK / notebook).read_text())["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "code" or {"remove-input", "remove-cell"} & set(tags):
+            continue
+        try:
+            tree = ast.parse("".join(cell["source"]))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                found.setdefault(node.targets[0].id, ast.unparse(node))
+    assert set(targets) <= set(found), f"{notebook} no longer assigns {sorted(set(targets) - set(found))}"
+    return [found[t] for t in targets]
+
+
+def run_lines(lines, **names):
+    ns = {"torch": torch, "causal_mask": causal_mask, **names}
+    for line in lines:
+        exec(line, ns)  # noqa: S102
     return ns
 
 
@@ -83,9 +110,58 @@ def test_8_4_the_chapters_soft_targets():
     assert got == 3 < points
 
 
+def test_6_1_the_chapters_causal_and_padding():
+    pad_line, causal_line, decoder_line = chapter_lines("ch06_masks.ipynb", "pad", "causal", "decoder")
+
+    def chapter(document_ids):  # cells 4, 6, 8 with the padding indicator read off the ids
+        return run_lines([pad_line, causal_line, decoder_line], attention_mask=(document_ids >= 0).long(),
+                         T=document_ids.shape[1])["decoder"]
+
+    got, points = earned("6.1", chapter)
+    assert got < points and got <= 1
+
+
+def test_6_2_the_chapters_sliding_window():
+    (sliding_line,) = chapter_lines("ch06_masks.ipynb", "sliding")
+
+    def chapter(t, s, window):  # cell 40 at T_w = t, and at T_w = s keeping the last t rows
+        return run_lines([sliding_line], T_w=t, window=window)["sliding"]
+
+    def on_s_keys_last_rows(t, s, window):  # right, but needs an (s, s) mask
+        return run_lines([sliding_line], T_w=s, window=window)["sliding"][-t:]
+
+    got, points = earned("6.2", chapter)
+    assert got < points and got <= 1
+    got, points = earned("6.2", on_s_keys_last_rows)
+    assert got == points - 1
+
+
+def test_6_3_the_chapters_cross_attention_mask():
+    (cross_line,) = chapter_lines("ch06_masks.ipynb", "cross")
+
+    def chapter(decoder_attention_mask, encoder_attention_mask):  # cell 12, and the empty rows of its mask
+        cross = run_lines([cross_line], source_attention_mask=encoder_attention_mask,
+                          T_dec=decoder_attention_mask.shape[1])["cross"]
+        return cross, ~cross[:, 0].any(dim=-1)
+
+    got, points = earned("6.3", chapter)
+    assert got < points and got <= 1
+
+
+def test_6_4_the_chapters_reach():
+    reach = chapter_code("ch06_masks.ipynb", "reach")["reach"]
+
+    def wrapped(t, i, n_layers, window, n_sink=0):
+        return reach(window_sink_mask(t, window, n_sink), n_layers)[i]
+
+    got, points = earned("6.4", wrapped)
+    assert got < points and got <= 3
+
+
 @pytest.mark.parametrize("notebook, names", [
     ("ch04_encoder_decoder.ipynb", ("Attention", "feed_forward", "EncoderLayer")),
     ("ch08_variants.ipynb", ("roberta_position_ids", "soft_targets")),
+    ("ch06_masks.ipynb", ("reach",)),
 ])
 def test_the_audited_chapter_code_is_still_shown(notebook, names):
     chapter_code(notebook, *names)

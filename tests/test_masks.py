@@ -137,26 +137,25 @@ def test_influence_matrix_rejects_bad_masks():
 def test_chapter_6_checks_reject_typical_mistakes():
     from companion.grading import get_exercise, run_exercise
 
-    def prefix_without_causal_part(prefix_length, t):
-        return (torch.arange(t) < prefix_length)[None, :].expand(t, t).clone()
+    def packed_without_document_rule(document_ids):  # the chapter's causal & padding
+        t = document_ids.shape[1]
+        return causal_mask(t) & (document_ids >= 0)[:, None, None, :]
 
-    def padding_causal_without_head_axis(attention_mask):
-        t = attention_mask.shape[1]
-        return causal_mask(t)[None] & attention_mask.bool()[:, None, :]  # (B, T, T)
+    def window_aligned_top_left(t, s, window):
+        return causal_mask(t, s).tril() & ~torch.ones(t, s, dtype=torch.bool).tril(-window)
 
-    def cross_made_causal(encoder_attention_mask, t):
-        s = encoder_attention_mask.shape[1]
-        return (encoder_attention_mask.bool()[:, None, None, :] & causal_mask(t, max(s, t))[:, -s:]).expand(-1, 1, t, s)
+    def cross_without_decoder_padding(decoder_attention_mask, encoder_attention_mask):
+        t = decoder_attention_mask.shape[1]
+        mask = encoder_attention_mask.bool()[:, None, None, :].expand(-1, 1, t, -1)
+        return mask, ~mask[:, 0].any(dim=-1)
 
-    def influence_without_residual(mask, i, n_layers=1):
-        reach = torch.zeros(mask.shape[-1], dtype=torch.bool)
-        reach[i] = True
-        for _ in range(n_layers):
-            reach = mask[reach].any(dim=0)
+    def influence_without_residual(t, i, n_layers, window, n_sink=0):
+        reach = torch.zeros(t, dtype=torch.bool)
+        reach[max(0, i - n_layers * (window - 1)):i] = True  # i itself missing
         return reach
 
-    for exercise_id, wrong in (("6.1", prefix_without_causal_part), ("6.2", padding_causal_without_head_axis),
-                               ("6.3", cross_made_causal), ("6.4", influence_without_residual)):
+    for exercise_id, wrong in (("6.1", packed_without_document_rule), ("6.2", window_aligned_top_left),
+                               ("6.3", cross_without_decoder_padding), ("6.4", influence_without_residual)):
         result = run_exercise(get_exercise(exercise_id), wrong)
         assert result.earned < result.points, exercise_id
         assert all(c.message for c in result.cases if not c.passed)
