@@ -162,6 +162,80 @@ def test_6_4_the_chapters_reach():
     ("ch04_encoder_decoder.ipynb", ("Attention", "feed_forward", "EncoderLayer")),
     ("ch08_variants.ipynb", ("roberta_position_ids", "soft_targets")),
     ("ch06_masks.ipynb", ("reach",)),
+    ("ch05_residuals_norm.ipynb", ("rms_norm", "PostLNBlock", "PreLNBlock")),
 ])
 def test_the_audited_chapter_code_is_still_shown(notebook, names):
     chapter_code(notebook, *names)
+
+
+def chapter_method_lines(notebook, cls_name, method, targets):
+    """The statements of a method of a chapter's visible class that assign the named variables, as source."""
+    for cell in json.loads((BOOK / notebook).read_text())["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "code" or {"remove-input", "remove-cell"} & set(tags):
+            continue
+        try:
+            tree = ast.parse("".join(cell["source"]))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == cls_name:
+                fn = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == method)
+                found = [ast.unparse(s) for s in fn.body if isinstance(s, ast.Assign)
+                         and any(isinstance(t, ast.Name) and t.id in targets for t in s.targets)]
+                assert len(found) == len(targets), f"{cls_name}.{method} no longer assigns {targets}"
+                return "\n".join(found)
+    raise AssertionError(f"{notebook} no longer shows {cls_name}")
+
+
+def test_4_2_the_chapters_two_masks():
+    # EncoderDecoder.forward's src_mask (padding, (B, 1, 1, S)) and causal ((T, T)), built for the target and joined
+    lines = chapter_method_lines("ch04_encoder_decoder.ipynb", "EncoderDecoder", "forward", ("src_mask", "causal"))
+
+    def joined(tgt_valid):
+        ns = {"torch": torch, "src_valid": tgt_valid, "tgt_in": tgt_valid}
+        exec(lines, ns)  # noqa: S102
+        return ns["causal"] & ns["src_mask"]
+
+    def as_float(tgt_valid, dtype=torch.float32):  # the boolean mask as 1/0
+        return joined(tgt_valid).to(dtype)
+
+    def as_minus_inf(tgt_valid, dtype=torch.float32):  # PyTorch's -inf convention
+        return torch.zeros(joined(tgt_valid).shape, dtype=dtype).masked_fill(~joined(tgt_valid), float("-inf"))
+
+    assert earned("4.2", lambda tgt_valid, dtype=torch.float32: joined(tgt_valid))[0] == 0
+    assert earned("4.2", as_float)[0] == 0
+    assert earned("4.2", as_minus_inf)[0] == 0
+
+
+def test_5_2_the_chapters_rms_norm():
+    fn = chapter_code("ch05_residuals_norm.ipynb", "rms_norm")["rms_norm"]
+
+    class Wrapped(nn.Module):  # the chapter's rms_norm in a module; p accepted, not used
+        def __init__(self, d_model, p=1.0, eps=1e-6):
+            super().__init__()
+            self.eps, self.weight = eps, nn.Parameter(torch.ones(d_model))
+
+        def forward(self, x):
+            return fn(x, self.weight, self.eps)
+
+    got, points = earned("5.2", Wrapped)
+    assert got <= 1 < points  # only p = 1
+
+
+def test_5_3_the_chapters_blocks():
+    ns = chapter_code("ch05_residuals_norm.ipynb", "PostLNBlock", "PreLNBlock")
+    for name in ("PostLNBlock", "PreLNBlock"):
+        assert earned("5.3", ns[name])[0] == 0
+
+    class WithAlpha(ns["PreLNBlock"]):  # the chapter's pre-LN block with a zero alpha on each sublayer: norms kept
+        def __init__(self, attn, ffn, d_model):
+            super().__init__(attn, ffn, d_model)
+            self.alpha = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x, mask=None):
+            x = x + self.alpha * self.attn(self.norm1(x), mask)
+            return x + self.alpha * self.ffn(self.norm2(x))
+
+    got, points = earned("5.3", WithAlpha)
+    assert got <= 3 < points

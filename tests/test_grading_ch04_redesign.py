@@ -1,8 +1,11 @@
-"""Chapter 4's exercise 4.3 (a DeepNorm encoder layer): the reference answer scores full marks, the chapter's
-EncoderLayer (verbatim, and wrapped to the new signature) does not, and named wrong answers lose points with a message
-that names their mistake. The grader's functional reference is checked against nn.TransformerEncoderLayer at alpha = 1."""
+"""Chapter 4's exercises 4.3 (a DeepNorm encoder layer) and 4.2 (the decoder's combined mask as an additive bias): the
+reference answers score full marks, the chapter's code (EncoderLayer verbatim and wrapped; the two boolean masks of
+EncoderDecoder.forward joined with &) does not, and named wrong answers lose points with a message that names their
+mistake. The grader's functional reference is checked against nn.TransformerEncoderLayer at alpha = 1."""
 
 import math
+
+import pytest
 import time
 
 import torch
@@ -173,3 +176,77 @@ def test_wrong_answers():
     assert got == 7, lost
     assert result("4.3", Renamed)[0] == 0
     loses("4.3", Renamed, "keep the chapter's modules and names", "unexpected ['mlp.0.bias'")
+
+
+# ----------------------------------------------------------------- 4.2 the decoder's mask as an additive bias
+# The chapter's EncoderDecoder.forward builds the two boolean masks; tests/test_exercise_audit.py runs them read from
+# the chapter. Here: the reference, and wrong answers each named by its message.
+
+
+def _allowed(tgt_valid):
+    t = tgt_valid.shape[1]
+    return torch.ones(t, t, dtype=torch.bool).tril() & tgt_valid.bool()[:, None, None, :]
+
+
+def decoder_attention_bias(tgt_valid, dtype=torch.float32):
+    allowed = _allowed(tgt_valid)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def boolean_mask(tgt_valid, dtype=torch.float32):  # the chapter's two masks joined with &
+    return _allowed(tgt_valid)
+
+
+def minus_inf(tgt_valid, dtype=torch.float32):
+    return torch.zeros(_allowed(tgt_valid).shape, dtype=dtype).masked_fill(~_allowed(tgt_valid), float("-inf"))
+
+
+def two_biases_added(tgt_valid, dtype=torch.float32):
+    t, m = tgt_valid.shape[1], torch.finfo(dtype).min
+    causal = torch.zeros(t, t, dtype=dtype).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), m)
+    pad = torch.zeros(tgt_valid.shape, dtype=dtype).masked_fill(~tgt_valid.bool(), m)[:, None, None, :]
+    return causal + pad
+
+
+def one_zero(tgt_valid, dtype=torch.float32):
+    return _allowed(tgt_valid).to(dtype)
+
+
+def inverted(tgt_valid, dtype=torch.float32):
+    return torch.zeros(_allowed(tgt_valid).shape, dtype=dtype).masked_fill(_allowed(tgt_valid), torch.finfo(dtype).min)
+
+
+def float32_min_always(tgt_valid, dtype=torch.float32):
+    allowed = _allowed(tgt_valid)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min).to(dtype)
+
+
+def query_padding(tgt_valid, dtype=torch.float32):  # padding applied to the queries, not the keys
+    t = tgt_valid.shape[1]
+    allowed = torch.ones(t, t, dtype=torch.bool).tril() & tgt_valid.bool()[:, None, :, None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def test_4_2_reference_scores_full_marks_quickly():
+    start = time.perf_counter()
+    got, points, lost = result("4.2", decoder_attention_bias)
+    assert got == points == 7, lost
+    assert time.perf_counter() - start < 2.0
+
+
+def test_4_2_the_boolean_mask_scores_zero():
+    got, lost = loses("4.2", boolean_mask, "boolean mask", "additive bias")
+    assert got == 0
+
+
+@pytest.mark.parametrize("student, words, most", [
+    (minus_inf, ("-inf", "finfo"), 0),
+    (two_biases_added, ("overflows",), 2),  # only the case without padding passes
+    (one_zero, ("got 1 where",), 0),
+    (inverted, ("inverted",), 0),
+    (float32_min_always, ("float16",), 6),
+    (query_padding, ("padded queries", "keys"), 3),
+])
+def test_4_2_wrong_answers(student, words, most):
+    got, _ = loses("4.2", student, *words)
+    assert got <= most

@@ -72,50 +72,106 @@ register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------- 4.2 decoder mask
+# ----------------------------------------------------------------- 4.2 decoder mask as an additive bias
 
 
-def _mask_of(student, valid, name):
-    got = student(valid)
-    if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
-        raise CheckFailed(f"{name}: the mask must be boolean (True = may attend), got dtype {got.dtype}")
-    expect_tensor(got, decoder_self_mask(valid), name=name)
+def _bias_reference(valid, dtype):
+    """0 where the package's boolean decoder mask allows, finfo(dtype).min where it blocks (filled once)."""
+    allowed = decoder_self_mask(valid)  # (B, 1, T, T)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def _mask_no_padding(student):
-    _mask_of(student, torch.ones(2, 5, dtype=torch.long), "mask for 2 unpadded targets of length 5")
+def _bias_of(student, valid, dtype, name):
+    got = student(valid.clone(), dtype)
+    want = _bias_reference(valid, dtype)
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        _explain_bias(got, want, dtype, name, valid)
+    expect_tensor(got, want, name=name, atol=0, rtol=0)
+    return got
 
 
-def _mask_padding(student):
+def _explain_bias(got, want, dtype, name, valid=None):
+    """Name the usual mistakes: a boolean mask, -inf, two biases added, 1/0 or an inverted convention."""
+    if got.dtype == torch.bool:
+        raise CheckFailed(f"{name}: this is the boolean mask (True = may attend); return an additive bias of dtype "
+                          f"{dtype}: 0 where a query may attend, torch.finfo({dtype}).min where it may not")
+    if got.dtype != dtype:
+        return  # expect_tensor names the dtype
+    g = got.detach().to("cpu", torch.float64)
+    blocked = want != 0
+    allowed = ~blocked
+    if torch.isinf(g).any() and bool((g[allowed] == 0).all()):
+        twice = torch.isneginf(g) & blocked
+        if bool(torch.isneginf(g[blocked]).all()):
+            raise CheckFailed(f"{name}: blocked entries are -inf; the convention here is torch.finfo({dtype}).min "
+                              "(as in Hugging Face's attention masks), which keeps a row with every key blocked "
+                              "finite instead of NaN after the softmax")
+        if twice.any():
+            raise CheckFailed(f"{name}: {int(twice.sum())} entries blocked both by the causal mask and by padding "
+                              f"are -inf: adding two biases of finfo.min overflows in {dtype}; fill each blocked "
+                              "entry with finfo.min once (e.g. masked_fill on the combined boolean mask)")
+    if bool((g[allowed] == 1).all()) and bool((g[blocked] == 0).all()):
+        raise CheckFailed(f"{name}: got 1 where a query may attend and 0 where it may not (the boolean mask as a "
+                          f"float); the bias is 0 where it may attend and torch.finfo({dtype}).min where it may not")
+    b, _, t, _ = want.shape
+    if b and t and torch.is_tensor(valid):
+        rows = torch.ones(t, t, dtype=torch.bool).tril() & valid.bool()[:, None, :, None]  # padding on the queries
+        if torch.equal(g == 0, rows) and not torch.equal(rows, allowed):
+            raise CheckFailed(f"{name}: the padding blocks the padded queries (rows i); it must block the padded "
+                              "keys (columns j): a real query may not attend to a padding token")
+    if blocked.any() and bool((g[blocked] == 0).all()) and bool((g[allowed] != 0).all()):
+        raise CheckFailed(f"{name}: the convention is inverted: 0 must mark the pairs that may attend, "
+                          "finfo.min the blocked ones")
+
+
+def _bias_no_padding(student):
+    _bias_of(student, torch.ones(2, 5, dtype=torch.long), torch.float32,
+             "bias for 2 unpadded targets of length 5 (float32)")
+
+
+def _bias_padding(student):
     valid = (torch.arange(7)[None, :] < torch.tensor([7, 4, 1])[:, None]).long()
-    _mask_of(student, valid, "mask for targets of lengths 7, 4, 1 (padded to 7)")
+    _bias_of(student, valid, torch.float32, "bias for targets of lengths 7, 4, 1 padded to 7 (float32)")
 
 
-def _mask_bool_input(student):
+def _bias_dtypes(student):
+    valid = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])
+    for dtype in (torch.float16, torch.bfloat16):
+        _bias_of(student, valid, dtype, f"bias in {dtype} (its own finfo.min)")
+
+
+def _bias_bool_and_length_one(student):
     valid = torch.tensor([[True, True, True, False, False, False, False, False, False]])
-    _mask_of(student, valid, "mask for a boolean (B, T) input")
+    _bias_of(student, valid, torch.float32, "bias for a boolean (B, T) input")
+    _bias_of(student, torch.tensor([[1], [1], [1]]), torch.float32, "bias for T = 1")
 
 
-def _mask_length_one(student):
-    _mask_of(student, torch.tensor([[1], [1], [1]]), "mask for T = 1")
-
-
-def _mask_left_padding(student):
+def _bias_left_padding(student):
     valid = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-    _mask_of(student, valid, "mask for left-padded targets (padding first)")
+    bias = _bias_of(student, valid, torch.float32, "bias for left-padded targets (padding first)")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g) for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    expect_true(bool(torch.isfinite(out).all()),
+                "scaled_dot_product_attention with your bias gives NaN in the rows of the left padding (every key "
+                "blocked); finfo.min keeps them finite")
+    real = decoder_self_mask(valid).any(-1, keepdim=True)  # rows with at least one key allowed
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=decoder_self_mask(valid))
+    expect_tensor(torch.where(real, out, 0.0), torch.where(real, want, 0.0),
+                  name="attention output of the rows with a key allowed (vs the boolean mask)")
 
 
 register(Exercise(
     id="4.2",
-    title="The decoder's combined mask",
-    targets=("decoder_self_mask",),
+    title="The decoder's combined mask as an additive bias",
+    targets=("decoder_attention_bias",),
     forbidden=("companion.models.transformer",),  # the reference itself
     cases=(
-        Case("no padding: the causal mask, shape (B, 1, T, T)", 2, _mask_no_padding),
-        Case("right padding of different lengths", 2, _mask_padding),
-        Case("boolean input", 1, _mask_bool_input),
-        Case("length 1", 1, _mask_length_one),
-        Case("left padding", 1, _mask_left_padding),
+        Case("no padding: 0 on and below the diagonal, finfo.min above, shape (B, 1, T, T)", 2, _bias_no_padding),
+        Case("right padding of different lengths: blocked twice is still finfo.min", 2, _bias_padding),
+        Case("float16 and bfloat16: the dtype's own minimum", 1, _bias_dtypes),
+        Case("a boolean input, and length 1", 1, _bias_bool_and_length_one),
+        Case("left padding: finite attention in fully blocked rows", 1, _bias_left_padding),
     ),
 ))
 

@@ -1,4 +1,4 @@
-"""Checks of Chapter 5's exercises: LayerNorm, RMSNorm, the two residual forms, a warm-up schedule."""
+"""Checks of Chapter 5's exercises: LayerNorm's backward pass, partial RMSNorm, a ReZero block, a warm-up schedule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..blocks import residual
+from ..attention import MultiHeadAttention
+from ..blocks import FeedForward
+from ..masks import causal_mask
 from ..training import TrainConfig, lr_at
 from .core import Case, CheckFailed, Exercise, expect_tensor, expect_true, register, run_student
 
@@ -129,14 +131,24 @@ register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------- 5.2 RMSNorm
+# ----------------------------------------------------------------- 5.2 partial RMSNorm
 
 
-def _build_rms(cls, d, eps=None):
-    norm = cls(d) if eps is None else cls(d, eps=eps)
+def _prms_reference(x, weight, p, eps):
+    """pRMSNorm written independently: the RMS of the first int(p * D) features, eps inside the root."""
+    d = x.shape[-1]
+    k = int(d * p)
+    head = x.narrow(-1, 0, k)
+    rms = torch.sqrt(torch.einsum("...i,...i->...", head, head)[..., None] / k + eps)
+    return weight * x / rms
+
+
+def _build_prms(cls, d, p, eps=None):
+    norm = cls(d, p) if eps is None else cls(d, p, eps=eps)
     weight = getattr(norm, "weight", None)
     if not isinstance(weight, nn.Parameter) or tuple(weight.shape) != (d,):
-        raise CheckFailed(f"the module must have an nn.Parameter named weight of shape ({d},), got {type(weight).__name__}")
+        raise CheckFailed(f"PartialRMSNorm({d}, p={p}) must have an nn.Parameter named weight of shape ({d},), "
+                          f"got {type(weight).__name__}")
     return norm
 
 
@@ -146,138 +158,239 @@ def _set_weight(norm, weight):
         norm.weight.copy_(weight)
 
 
-def _reference_rms(norm, d, eps):
-    ref = nn.RMSNorm(d, eps=eps)
+def _prms_compare(cls, d, p, eps, x, what):
+    norm = _build_prms(cls, d, p, eps)
+    weight = torch.randn(d)
+    run_student(_set_weight, norm, weight)
     with torch.no_grad():
-        ref.weight.copy_(norm.weight)
-    return ref
+        got = norm(x)
+    want = _prms_reference(x, weight, p, 1e-6 if eps is None else eps)
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+        _explain_prms(got, x, weight, p, 1e-6 if eps is None else eps, what)
+    expect_tensor(got, want, name=what, atol=1e-5, rtol=1e-5)
 
 
-def _rms_init(cls):
-    norm = _build_rms(cls, 7)
-    expect_tensor(norm.weight.detach(), torch.ones(7), name="weight at initialisation")
+def _explain_prms(got, x, weight, p, eps, what):
+    """Name the usual mistakes (each a formula that differs from the right one)."""
+    d = x.shape[-1]
+    k = int(d * p)
+    close = lambda a: torch.allclose(got, a, atol=1e-4, rtol=1e-4)
+    full = weight * x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps)
+    if close(full):
+        raise CheckFailed(f"{what}: the output is the full RMSNorm (the RMS over all {d} features); with p = {p} "
+                          f"the RMS comes from the first int(p * D) = {k} features only")
+    for name, kk in (("math.ceil", math.ceil(d * p)), ("round", round(d * p))):
+        if kk != k and 1 <= kk <= d and close(_prms_reference(x, weight, kk / d, eps)):
+            raise CheckFailed(f"{what}: the RMS uses the first {kk} features ({name}(p * D)); "
+                              f"k is int(p * D) = {k}, truncated as in the authors' code")
+    if close(weight * x / (torch.sqrt((x[..., :k] ** 2).mean(-1, keepdim=True)) + eps)):
+        raise CheckFailed(f"{what}: eps is added to the RMS (as in the authors' code); here it sits inside the "
+                          "square root: sqrt(mean of squares + eps)")
+    by_d = weight * x / torch.sqrt((x[..., :k] ** 2).sum(-1, keepdim=True) / d + eps)
+    if close(by_d):
+        raise CheckFailed(f"{what}: the sum of squares of the first {k} features is divided by D = {d}; "
+                          f"divide it by k = {k}, the number of features summed")
+    head_only = torch.cat([_prms_reference(x, weight, p, eps)[..., :k], x[..., k:]], -1)
+    if close(head_only) or close(torch.cat([head_only[..., :k], weight[k:] * x[..., k:]], -1)):
+        raise CheckFailed(f"{what}: only the first {k} features were normalised; the RMS comes from them, "
+                          "but every feature is divided by it")
 
 
-def _rms_random(cls):
-    norm = _build_rms(cls, 13)
-    run_student(_set_weight, norm, torch.randn(13))
+def _prms_full(cls):
     x = torch.randn(2, 7, 13) * 3 + 0.5
-    expect_tensor(norm(x), _reference_rms(norm, 13, 1e-6)(x), name="output vs nn.RMSNorm(13, eps=1e-6) with the same weight")
+    _prms_compare(cls, 13, 1.0, None, x, "PartialRMSNorm(13, p=1.0) (the full RMSNorm) on x of shape (2, 7, 13)")
 
 
-def _rms_eps(cls):
-    norm = _build_rms(cls, 5, eps=0.5)
-    x = torch.randn(3, 5) * 0.1
-    expect_tensor(norm(x), _reference_rms(norm, 5, 0.5)(x), name="output with eps=0.5")
+def _prms_quarter(cls):
+    x = torch.randn(3, 5, 16) * 2
+    x[..., 4:] *= 10.0  # the features outside the first k are much larger: the full RMS is far off
+    _prms_compare(cls, 16, 0.25, None, x, "PartialRMSNorm(16, p=0.25): RMS of the first 4 features")
 
 
-def _rms_no_mean(cls):
-    norm = _build_rms(cls, 6)
-    x = torch.randn(4, 6) + 3.0
-    got = norm(x)
-    centred = F.layer_norm(x, (6,), eps=1e-6)
-    if isinstance(got, torch.Tensor) and got.shape == centred.shape and torch.allclose(got, centred, atol=1e-3):
-        raise CheckFailed("the output equals LayerNorm: RMSNorm must not subtract the mean")
-    expect_tensor(got, _reference_rms(norm, 6, 1e-6)(x), name="output on rows with mean 3")
+def _prms_truncate(cls):
+    x = torch.randn(4, 10) * torch.linspace(0.5, 5.0, 10)
+    _prms_compare(cls, 10, 0.35, None, x, "PartialRMSNorm(10, p=0.35): p * D = 3.5, so k = 3")
 
 
-def _rms_grad(cls):
-    norm = _build_rms(cls, 9)
-    ref = _reference_rms(norm, 9, 1e-6)
-    x = torch.randn(2, 5, 9)
-    g = torch.randn(2, 5, 9)
-    tracked, grad = run_student(_weight_grad, norm, x, g)
-    if not tracked:
-        raise CheckFailed("the output does not depend on weight through autograd (did you use .data or no_grad?)")
-    (ref(x) * g).sum().backward()
-    expect_tensor(grad, ref.weight.grad, name="gradient of weight")
+def _prms_eps(cls):
+    x = torch.randn(3, 8) * 0.1
+    _prms_compare(cls, 8, 0.5, 0.5, x, "PartialRMSNorm(8, p=0.5, eps=0.5): eps inside the square root")
 
 
-def _weight_grad(norm, x, g):
-    """Run where the student's module lives: (does the output track gradients?, d(out . g)/d weight)."""
-    out = norm(x)
-    if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        return False, None
-    (out * g).sum().backward()
-    return True, norm.weight.grad
+def _prms_grad(cls):
+    norm = _build_prms(cls, 12, 0.5)
+    weight = torch.randn(12, dtype=torch.float64)
+    x, g = torch.randn(2, 3, 12, dtype=torch.float64), torch.randn(2, 3, 12, dtype=torch.float64)
+    got = run_student(_prms_grads, norm, weight, x, g)
+    if got is None:
+        raise CheckFailed("the output does not depend on x and weight through autograd (did you use .data, "
+                          "detach() or no_grad?)")
+    w = weight.clone().requires_grad_(True)
+    xx = x.clone().requires_grad_(True)
+    with torch.enable_grad():
+        (_prms_reference(xx, w, 0.5, 1e-6) * g).sum().backward()
+    expect_tensor(got[0], xx.grad, name="gradient of x (float64; the first k features also reach every output "
+                  "through the RMS)", atol=1e-8, rtol=1e-6)
+    expect_tensor(got[1], w.grad, name="gradient of weight (float64)", atol=1e-8, rtol=1e-6)
+
+
+def _prms_grads(norm, weight, x, g):
+    """Run where the student's module lives: (d(out . g)/dx, d(out . g)/d weight), or None."""
+    norm.double()
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    x = x.clone().requires_grad_(True)
+    with torch.enable_grad():
+        out = norm(x)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            return None
+        (out * g).sum().backward()
+    return x.grad, norm.weight.grad
 
 
 register(Exercise(
     id="5.2",
-    title="An RMSNorm module",
-    targets=("RMSNorm",),
-    forbidden=("companion.blocks", "torch.nn.RMSNorm"),  # the reference itself
+    title="A partial RMSNorm module",
+    targets=("PartialRMSNorm",),
+    forbidden=("companion.blocks", "torch.nn.RMSNorm", "torch.nn.functional.rms_norm"),
     cases=(
-        Case("weight is a Parameter of ones", 1, _rms_init),
-        Case("equals nn.RMSNorm with the same weight (D=13)", 2, _rms_random),
-        Case("eps inside the square root", 1, _rms_eps),
-        Case("does not subtract the mean", 1, _rms_no_mean),
-        Case("weight receives the right gradient", 1, _rms_grad),
+        Case("p = 1: the full RMSNorm", 1, _prms_full),
+        Case("p = 0.25: the RMS of the first D/4 features", 2, _prms_quarter),
+        Case("p * D not an integer: k = int(p * D)", 1, _prms_truncate),
+        Case("eps inside the square root", 1, _prms_eps),
+        Case("gradients of x and weight", 1, _prms_grad),
     ),
 ))
 
 
-# ----------------------------------------------------------------- 5.3 residual forms
+# ----------------------------------------------------------------- 5.3 ReZero block
+
+_RZ_D, _RZ_H, _RZ_FF = 12, 3, 29
 
 
-def _sub_and_norm(d=13):
-    return nn.Linear(d, d), nn.LayerNorm(d)
+def _rz_parts(seed):
+    torch.manual_seed(seed)
+    return MultiHeadAttention(_RZ_D, _RZ_H).eval(), FeedForward(_RZ_D, _RZ_FF).eval()
 
 
-def _res_pre(student):
-    lin, ln = _sub_and_norm()
+def _rz_reference(attn, ffn, alpha, x, mask):
+    h = x + alpha * attn(x, mask)
+    return h + alpha * ffn(h)
+
+
+def _set_alpha(block, value):
+    """Run where the student's block lives."""
     with torch.no_grad():
-        ln.weight.copy_(torch.randn(13))
-    x = torch.randn(2, 7, 13)
+        block.alpha.fill_(value)
+
+
+def _rz_build(cls, seed=0):
+    attn, ffn = _rz_parts(seed)
+    block = cls(attn, ffn, _RZ_D)
+    alpha = getattr(block, "alpha", None)
+    if not isinstance(alpha, nn.Parameter) or alpha.numel() != 1:
+        shape = tuple(alpha.shape) if isinstance(alpha, torch.Tensor) else type(alpha).__name__
+        raise CheckFailed(f"the block must have one learnable scalar, an nn.Parameter named alpha of shape (1,), got {shape}")
+    return block, attn, ffn
+
+
+def _rz_init(cls):
+    block, attn, ffn = _rz_build(cls)
+    expect_tensor(block.alpha.detach().reshape(1), torch.zeros(1), name="alpha at initialisation (ReZero starts at 0)")
+    names = run_student(_param_names, block)
+    extra = [n for n in names if n != "alpha" and not n.startswith(("attn.", "ffn."))]
+    expect_true(not extra, f"the block's own parameters must be alpha alone (ReZero has no norm, and one alpha serves "
+                           f"both sublayers), found {extra} besides attn's and ffn's")
+
+
+def _param_names(block):
+    return [name for name, _ in block.named_parameters()]
+
+
+def _rz_identity(cls):
+    block, attn, ffn = _rz_build(cls)
+    x = torch.randn(2, 7, _RZ_D) * 4 + 1
     with torch.no_grad():
-        expect_tensor(student(x, lin, ln, True), residual(x, lin, ln, norm_first=True), name="pre-LN: x + sublayer(norm(x))")
+        got = block(x)
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and not torch.allclose(got, x):
+        pre = _pre_ln(attn, ffn, x)
+        if torch.allclose(got, pre, atol=1e-5):
+            raise CheckFailed("at initialisation the block gives the pre-LN block's output; ReZero drops the norms "
+                              "and scales each sublayer's output by alpha, which starts at 0")
+    expect_tensor(got, x, name="at initialisation (alpha = 0) the block must return its input unchanged")
 
 
-def _res_post(student):
-    lin, ln = _sub_and_norm()
+def _pre_ln(attn, ffn, x):
+    ln = nn.LayerNorm(x.shape[-1])
+    h = x + attn(ln(x), None)
+    return h + ffn(ln(h))
+
+
+def _rz_forward(cls):
+    block, attn, ffn = _rz_build(cls, seed=1)
+    run_student(_set_alpha, block, 0.5)
+    x = torch.randn(2, 7, _RZ_D)
+    mask = causal_mask(7)
     with torch.no_grad():
-        ln.bias.copy_(torch.randn(13))
-    x = torch.randn(2, 7, 13)
+        got = block(x, mask)
+        want = _rz_reference(attn, ffn, 0.5, x, mask)
+        if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want, atol=1e-5):
+            _explain_rz(got, attn, ffn, x, mask)
+    expect_tensor(got, want, name="alpha = 0.5, with a causal mask: x + alpha attn(x), then h + alpha ffn(h)")
+
+
+def _explain_rz(got, attn, ffn, x, mask):
+    a = 0.5
+    close = lambda t: torch.allclose(got, t, atol=1e-5)
+    if close(x + a * attn(x, mask) + a * ffn(x)):
+        raise CheckFailed("the feed-forward reads x, not the stream after the attention sublayer: "
+                          "h = x + alpha attn(x), then h + alpha ffn(h)")
+    if close(_rz_reference(attn, ffn, a, x, None)):
+        raise CheckFailed("the output ignores the mask: pass it to attn(x, mask)")
+    h = a * (x + attn(x, mask))
+    if close(a * (h + ffn(h))):
+        raise CheckFailed("alpha scales the sum x + F(x); it scales only the sublayer's output: x + alpha F(x)")
+
+
+def _rz_grad(cls):
+    block, attn, ffn = _rz_build(cls, seed=2)
+    x, g = torch.randn(2, 5, _RZ_D), torch.randn(2, 5, _RZ_D)
+    got = run_student(_rz_grads, block, x, g)
+    if got is None:
+        raise CheckFailed("the output does not depend on alpha through autograd (did you use .data or no_grad?)")
+    alpha_grad, sub_grad_max = got
     with torch.no_grad():
-        expect_tensor(student(x, lin, ln, False), residual(x, lin, ln, norm_first=False), name="post-LN: norm(x + sublayer(x))")
+        want = ((attn(x, None) + ffn(x)) * g).sum().reshape(1)
+    expect_tensor(alpha_grad.reshape(1) if isinstance(alpha_grad, torch.Tensor) else alpha_grad, want,
+                  name="gradient of alpha at initialisation (sum of g . (attn(x) + ffn(x)): one alpha, both sublayers)",
+                  atol=1e-4, rtol=1e-4)
+    expect_true(sub_grad_max == 0.0, f"at initialisation the sublayers' weights must get zero gradient (alpha = 0 "
+                                     f"multiplies their output), got a largest |grad| of {sub_grad_max:.3g}")
 
 
-def _zero_sublayer(h):
-    return torch.zeros_like(h)
-
-
-def _res_identity(student):
-    x = torch.randn(3, 5, 7) * 4 + 2
-    ln = nn.LayerNorm(7)
-    with torch.no_grad():
-        expect_tensor(student(x, _zero_sublayer, ln, True), x, name="pre-LN with a sublayer that outputs 0 (must return x unchanged)")
-        expect_tensor(student(x, _zero_sublayer, ln, False), ln(x), name="post-LN with a sublayer that outputs 0 (must return norm(x))")
-
-
-def _res_jacobian(student):
-    torch.manual_seed(3)
-    lin, ln = _sub_and_norm(5)
-    x = torch.randn(5)
-    got = run_student(_pre_ln_jacobian, student, x, lin, ln)
-    want = torch.eye(5) + torch.autograd.functional.jacobian(lambda v: lin(ln(v)), x)
-    expect_tensor(got, want, name="pre-LN Jacobian (I + d f(LN(x))/dx)")
-
-
-def _pre_ln_jacobian(student, x, lin, ln):
-    """Run where the student's function lives: its Jacobian at x (autograd cannot cross processes)."""
-    return torch.autograd.functional.jacobian(lambda v: student(v, lin, ln, True), x)
+def _rz_grads(block, x, g):
+    """Run where the student's block lives: (d(out . g)/d alpha, largest |grad| of the sublayers' weights)."""
+    with torch.enable_grad():
+        out = block(x)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            return None
+        (out * g).sum().backward()
+    if block.alpha.grad is None:
+        return None
+    grads = [p.grad.abs().max().item() for n, p in block.named_parameters() if n != "alpha" and p.grad is not None]
+    return block.alpha.grad.detach().clone(), max(grads, default=0.0)
 
 
 register(Exercise(
     id="5.3",
-    title="The pre-LN and post-LN residual sublayer",
-    targets=("residual_sublayer",),
-    forbidden=("companion.blocks",),  # the reference itself
+    title="A ReZero block",
+    targets=("ReZeroBlock",),
+    forbidden=("companion.blocks",),
     cases=(
-        Case("pre-LN on random input", 2, _res_pre),
-        Case("post-LN on random input", 2, _res_post),
-        Case("a zero sublayer: identity (pre) or norm (post)", 1, _res_identity),
-        Case("pre-LN Jacobian is identity plus the sublayer's", 1, _res_jacobian),
+        Case("alpha: one Parameter, 0 at initialisation, and no norm", 1, _rz_init),
+        Case("at initialisation the block is the identity", 1, _rz_identity),
+        Case("alpha = 0.5 with a mask: both sublayers, in order", 2, _rz_forward),
+        Case("at initialisation only alpha learns: its gradient from both sublayers", 2, _rz_grad),
     ),
 ))
 
