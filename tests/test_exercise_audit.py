@@ -35,7 +35,7 @@ def chapter_code(notebook, *names):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
                 found[node.name] = ast.unparse(node)
     assert set(found) == set(names), f"{notebook} no longer shows {sorted(set(names) - set(found))}"
-    ns = {"torch": torch, "nn": nn, "F": F, "math": math}
+    ns = {"torch": torch, "nn": nn, "F": F, "math": math, "__sources__": found}
     for name in names:
         exec(compile(found[name], f"{notebook}:{name}", "exec"), ns)  # noqa: S102
     return ns
@@ -158,8 +158,68 @@ def test_6_4_the_chapters_reach():
     assert got < points and got <= 3
 
 
+def test_2_3_the_chapters_split_and_merge_lines():
+    ns = chapter_code("ch02_attention.ipynb", "attention", "MultiHeadAttention")  # its forward holds the lines
+
+    def split(qkv, n_heads, n_kv_heads, layout):  # MultiHeadAttention.forward's split and view/transpose
+        B, T, D3 = qkv.shape
+        q, k, v = qkv.split(D3 // 3, dim=-1)
+        return tuple(z.view(B, T, n_heads, D3 // 3 // n_heads).transpose(1, 2) for z in (q, k, v))
+
+    def merge(y):  # its merge line
+        B, H, T, Dh = y.shape
+        return y.transpose(1, 2).reshape(B, T, H * Dh)
+
+    layer = ns["MultiHeadAttention"](12, 3)
+    x = torch.randn(2, 5, 12)
+    q, k, v = split(layer.qkv(x), 3, 3, "blocks")
+    assert torch.allclose(layer.out(merge(ns["attention"](q, k, v))), layer(x), atol=1e-6)  # the chapter's lines
+    got, points = earned("2.3", split, merge)
+    assert got < points and got <= 2
+
+
+def test_2_4_the_chapters_multi_head_attention():
+    mha = chapter_code("ch02_attention.ipynb", "attention", "MultiHeadAttention")["MultiHeadAttention"]
+
+    class Wrapped(mha):  # d_head and context accepted and ignored
+        def __init__(self, d_model, n_heads, d_head=None):
+            super().__init__(d_model, n_heads)
+
+        def forward(self, x, context=None, mask=None):
+            return super().forward(x, mask)
+
+    assert earned("2.4", mha)[0] == 0
+    assert earned("2.4", Wrapped)[0] == 0
+
+
+def test_7_2_the_chapters_mask_80_10_10():
+    ns = chapter_code("ch07_bert.ipynb", "mask_80_10_10")
+    ns["IGNORE_INDEX"] = -100  # a global of the chapter
+    tree = ast.parse(ns["__sources__"]["mask_80_10_10"])
+    fn = tree.body[0]
+    draws = {"select", "action", "replacement"}
+    fn.body = [n for n in fn.body if not (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) in draws)]
+    fn.args.args = [ast.arg(a) for a in ("ids", "blocked", "mask_id", "select", "action", "replacement", "p")]
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Compare) and isinstance(node.comparators[0], ast.Constant) and \
+                node.comparators[0].value == 0.15:
+            node.comparators[0] = ast.Name("p", ast.Load())  # 0.15 -> p
+    exec(compile(ast.fix_missing_locations(tree), "ch07:mask_80_10_10", "exec"), ns)  # noqa: S102
+    chapter = ns["mask_80_10_10"]
+
+    def wrapped(input_ids, attention_mask, special_ids, mask_id, select, action, random_tokens, p,
+                continuation=None):
+        blocked = torch.isin(input_ids, torch.tensor(list(special_ids))) | (attention_mask == 0)
+        return chapter(input_ids, blocked, mask_id, select, action, random_tokens, p)
+
+    got, points = earned("7.2", wrapped)  # the draws now inputs: right where every token is a word (2 points)
+    assert got == 2 < points
+
+
 @pytest.mark.parametrize("notebook, names", [
+    ("ch02_attention.ipynb", ("attention", "MultiHeadAttention")),
     ("ch04_encoder_decoder.ipynb", ("Attention", "feed_forward", "EncoderLayer")),
+    ("ch07_bert.ipynb", ("mask_80_10_10",)),
     ("ch08_variants.ipynb", ("roberta_position_ids", "soft_targets")),
     ("ch06_masks.ipynb", ("reach",)),
     ("ch05_residuals_norm.ipynb", ("rms_norm", "PostLNBlock", "PreLNBlock")),

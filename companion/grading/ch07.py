@@ -70,71 +70,127 @@ register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------- 7.2 MLM masking from given draws
+# ----------------------------------------------------------------- 7.2 MLM masking of whole words from given draws
 
 def _mlm_inputs(b, t, vocab, seed, n_special=5):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(n_special, vocab, (b, t), generator=g)
     ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
     att = torch.ones(b, t, dtype=torch.long)
+    cont = torch.rand(b, t, generator=g) < 0.45  # True: a '##' piece that continues the word before it
     for r in range(b):
         n = int(torch.randint(max(2, t // 2), t + 1, (1,), generator=g))
         ids[r, n:], att[r, n:] = 0, 0
         ids[r, n - 1] = 3
+        cont[r, :2] = False  # [CLS] and the first piece of the first word
+        cont[r, n - 1:] = False  # [SEP] and padding
     select = torch.rand(b, t, generator=g)
     action = torch.rand(b, t, generator=g)
     random_tokens = torch.randint(n_special, vocab, (b, t), generator=g)
-    return ids, att, select, action, random_tokens
+    return ids, att, select, action, random_tokens, cont
 
 
 _SPECIAL = [0, 1, 2, 3, 4]
 _MASK_ID = 4
 
 
-def _mlm_check(student, ids, att, select, action, random_tokens, p, what):
-    blocked = special_tokens_mask(ids, _SPECIAL, att)
-    want_x, want_y = apply_mlm_draws(ids, MaskingDraws(select, action, random_tokens), blocked, _MASK_ID,
-                                     mlm_probability=p)
-    result = student(ids.clone(), att.clone(), list(_SPECIAL), _MASK_ID, select.clone(), action.clone(),
-                     random_tokens.clone(), p)
+def _word_select(select, cont):
+    """Each position gets the select draw of its word's first piece (written as a loop, apart from the solution)."""
+    out = select.clone()
+    for r in range(select.shape[0]):
+        first = 0
+        for t in range(select.shape[1]):
+            if cont is None or not cont[r, t]:
+                first = t
+            out[r, t] = select[r, first]
+    return out
+
+
+def _mlm_call(student, ids, att, select, action, random_tokens, p, cont):
+    args = (ids.clone(), att.clone(), list(_SPECIAL), _MASK_ID, select.clone(), action.clone(), random_tokens.clone(), p)
+    result = student(*args) if cont is None else student(*args, cont.clone())
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CheckFailed(f"mlm_mask should return a pair (masked_ids, labels), got {type(result).__name__}")
-    got_x, got_y = result
+    return result
+
+
+def _same(got, want):
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got, want)
+
+
+def _mlm_check(student, ids, att, select, action, random_tokens, cont, p, what):
+    blocked = special_tokens_mask(ids, _SPECIAL, att)
+    want_x, want_y = apply_mlm_draws(ids, MaskingDraws(_word_select(select, cont), action, random_tokens), blocked,
+                                     _MASK_ID, mlm_probability=p)
+    got_x, got_y = _mlm_call(student, ids, att, select, action, random_tokens, p, cont)
+    if cont is not None and not _same(got_y, want_y):
+        _, token_y = apply_mlm_draws(ids, MaskingDraws(select, action, random_tokens), blocked, _MASK_ID,
+                                     mlm_probability=p)
+        if _same(got_y, token_y):
+            raise CheckFailed(f"labels ({what}): each piece was selected by its own draw, as in the chapter; "
+                              "a word is selected by the select draw at its first piece, and then all its pieces are")
+    if cont is not None and _same(got_y, want_y) and not _same(got_x, want_x):
+        word_action = _word_select(action, cont)  # one action per word: the first piece's
+        word_x, _ = apply_mlm_draws(ids, MaskingDraws(_word_select(select, cont), word_action,
+                                                      _word_select(random_tokens.float(), cont).long()),
+                                    blocked, _MASK_ID, mlm_probability=p)
+        if _same(got_x, word_x):
+            raise CheckFailed(f"masked input ids ({what}): every piece of a word got the first piece's action; "
+                              "the 80/10/10 choice is made per piece, with each piece's own action draw and "
+                              "random token")
     expect_tensor(got_y, want_y, name=f"labels ({what})")
     expect_tensor(got_x, want_x, name=f"masked input ids ({what})")
 
 
-def _mlm_by_hand(student):
+def _mlm_by_hand(student):  # continuation None: the chapter's masking
     ids = torch.tensor([[2, 10, 11, 12, 13, 14, 3, 0]])
     att = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]])
     select = torch.tensor([[0.0, 0.1, 0.5, 0.01, 0.14, 0.149, 0.0, 0.0]])
     action = torch.tensor([[0.0, 0.5, 0.0, 0.85, 0.95, 0.8, 0.0, 0.0]])
     rnd = torch.tensor([[50, 51, 52, 53, 54, 55, 56, 57]])
-    _mlm_check(student, ids, att, select, action, rnd, 0.15, "a worked example with every outcome")
+    _mlm_check(student, ids, att, select, action, rnd, None, 0.15, "continuation=None, every outcome")
+
+
+def _mlm_words_by_hand(student):
+    # [CLS] the phil ##am ##mon 's head [SEP] [PAD]: 'phil ##am ##mon' is selected by the draw at 'phil' (0.1),
+    # although '##am' and '##mon' drew 0.9, and its pieces take their own actions: [MASK], random, unchanged;
+    # 'head' (0.149) is selected alone, its action 0.8 a random token.
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14, 15, 3, 0]])
+    att = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1, 0]])
+    cont = torch.tensor([[False, False, False, True, True, False, False, False, False]])
+    select = torch.tensor([[0.0, 0.5, 0.1, 0.9, 0.9, 0.9, 0.149, 0.0, 0.0]])
+    action = torch.tensor([[0.0, 0.0, 0.5, 0.85, 0.95, 0.0, 0.8, 0.0, 0.0]])
+    rnd = torch.tensor([[50, 51, 52, 53, 54, 55, 56, 57, 58]])
+    _mlm_check(student, ids, att, select, action, rnd, cont, 0.15, "a word of three pieces")
+
+
+def _mlm_pieces_alone(student):
+    ids, att, select, action, rnd, cont = _mlm_inputs(3, 12, 40, 4)
+    select = torch.where(cont, 0.0, 1.0)  # small draws only at continuation pieces: no word is selected
+    _mlm_check(student, ids, att, select, action, rnd, cont, 0.15, "draws below p only at continuation pieces")
 
 
 def _mlm_input_untouched(student):
-    ids, att, select, action, rnd = _mlm_inputs(2, 9, 40, 3)
+    ids, att, select, action, rnd, cont = _mlm_inputs(2, 9, 40, 3)
     keep = ids.clone()
     select = torch.zeros_like(select)  # everything eligible is selected
-    student(ids, att, list(_SPECIAL), _MASK_ID, select, action, rnd, 0.15)
+    student(ids, att, list(_SPECIAL), _MASK_ID, select, action, rnd, 0.15, cont)
     expect_true(torch.equal(ids, keep), "mlm_mask changed input_ids in place; return a new tensor instead")
 
 
 register(Exercise(
     id="7.2",
-    title="MLM masking from given random draws (80% [MASK] / 10% random / 10% unchanged)",
+    title="MLM masking of whole words from given random draws",
     targets=("mlm_mask",),
     forbidden=("companion.mlm", "transformers"),
     cases=(
-        Case("a worked example (boundaries 0.15 and 0.8 / 0.9)", 2, _mlm_by_hand),
-        Case("random batch with padding (B=4, T=13)", 2,
+        Case("continuation=None: one token, one word (boundaries 0.15, 0.8, 0.9)", 1, _mlm_by_hand),
+        Case("a worked example: a word of three pieces", 2, _mlm_words_by_hand),
+        Case("random batch with padding, words of 1 to 4 pieces (B=4, T=13)", 2,
              lambda s: _mlm_check(s, *_mlm_inputs(4, 13, 50, 0), 0.15, "B=4, T=13")),
-        Case("selection probability 0.5, odd sizes (B=3, T=7)", 2,
+        Case("selection probability 0.5, odd sizes (B=3, T=7)", 1,
              lambda s: _mlm_check(s, *_mlm_inputs(3, 7, 23, 1), 0.5, "p=0.5")),
-        Case("every draw selects: specials and padding still never masked", 1,
-             lambda s: _mlm_check(s, *(lambda a: (a[0], a[1], torch.zeros_like(a[2]), a[3], a[4]))(
-                 _mlm_inputs(2, 11, 30, 2)), 0.15, "select draws all 0")),
+        Case("a continuation piece's own draw selects nothing", 1, _mlm_pieces_alone),
         Case("input_ids not modified in place", 1, _mlm_input_untouched),
     ),
 ))
