@@ -109,10 +109,25 @@ def test_a_changed_paragraph_is_fuzzy_a_new_one_empty_and_both_stay_english(tmp_
     assert cell_source(zh["cells"][0]).endswith("\n\nChecked: square masks of sizes 1, 4 and 11.\n\nA new hint.")
 
 
-def test_code_fences_and_display_math_are_not_messages_and_headings_lose_their_hashes():
+def _write(text, _n=[0]):
+    import tempfile
+
+    _n[0] += 1
+    path = Path(tempfile.mkdtemp()) / f"x{_n[0]}.po"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_code_fences_and_display_math_are_not_messages_and_headings_and_lists_lose_their_markers():
     nb = _notebook(["# Chapter 2 exercises: attention\n\n$$\ny = x\n$$\n\n```python\nx = 1\n\ny = 2\n```\n\n"
                     "* a list\n* of two items"])
     assert notebooks.exercise_messages(nb) == [("Chapter 2 exercises: attention", None), ("* a list\n* of two items", None)]
+    # an ordered list loses its first marker (the book's check reads "1. " as a title's lost `1\.`), and gets it back
+    nb = _notebook(["1. draw\n2. run"])
+    assert notebooks.exercise_messages(nb) == [("draw\n2. run", None)]
+    catalogue = i18n.load(_write(notebooks.updated_catalogue(nb, Path("/nonexistent.po"))))
+    catalogue.get("draw\n2. run").string = "抽样\n2. 运行"
+    assert cell_source(notebooks.translate_exercise_notebook(nb, catalogue)[0]["cells"][0]) == "1. 抽样\n2. 运行"
 
 
 def test_a_wrong_translation_is_caught_by_the_books_checks(tmp_path, monkeypatch):

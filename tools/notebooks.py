@@ -190,6 +190,7 @@ ZH_EXERCISES = ROOT / "exercises" / i18n.LANGUAGE
 EXERCISE_CATALOGUES = i18n.CATALOGUES / "exercises"
 _BLOCK_SEP = re.compile(r"(\n[ \t]*\n+)")
 _HEADING = re.compile(r"^(#+[ \t]+)(.*)$")
+_NUMBERED = re.compile(r"\d+\.[ \t]+")
 TITLE_CONTEXT = "Exercise {} title"  # msgctxt of an exercise's title (the heading keeps the English)
 
 
@@ -235,6 +236,9 @@ def _message(block: str) -> tuple[str, str | None, str] | None:
     heading = _HEADING.match(block)
     if heading and "\n" not in block:
         return heading.group(2), None, heading.group(1)
+    numbered = _NUMBERED.match(block)  # an ordered list: its first marker stays out of the message, as a
+    if numbered:                       # heading's hashes (the catalogue checks read "1. " as a lost `1\.`)
+        return block[numbered.end():], None, numbered.group(0)
     return block, None, ""
 
 
