@@ -210,6 +210,8 @@ def _blocks(text: str) -> list[tuple[str, str]]:
             merged.append([block, sep])
     out = []
     for block, sep in merged:
+        kept = block.rstrip()  # trailing blanks (a cell's last newline) belong to the separator, not the message
+        block, sep = kept, block[len(kept):] + sep
         lines = block.split("\n")
         if _HEADING.match(lines[0]) and len(lines) > 1:  # a heading with its paragraph right under it
             out += [(lines[0], "\n"), ("\n".join(lines[1:]), sep)]
