@@ -23,100 +23,169 @@ def _logits(*shape, seed=0, scale=2.0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
 
 
-# ----------------------------------------------------------------- 10.1 top-k
+# ----------------------------------------------------------------- 10.1 top-k with one k per row
+#
+# The chapter's top_k(logits, k) takes one int k for the whole batch. A server batches requests with different
+# settings: here k is a LongTensor (B,), one k per row, 0 meaning "no top-k for this row" (transformers' top_k=0).
+# The reference applies companion's top_k_filter row by row (a different route from the student's batched one).
+
+def _per_row_top_k_reference(logits, k):
+    v = logits.shape[-1]
+    rows = [row if not 0 < int(kb) < v else top_k_filter(row, int(kb)) for row, kb in zip(logits, k)]
+    return torch.stack(rows)
+
+
+def _expect_filtered(got, want, what):
+    """The kept set first (finite entries, a boolean comparison that names the first wrong token), then the values."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.is_floating_point():
+        expect_tensor(torch.isfinite(got), torch.isfinite(want), name=f"the kept tokens of {what} (True = kept)")
+    expect_tensor(got, want, name=what)
+
+
+def _per_row_case(student, logits, k, what):
+    _expect_filtered(student(logits.clone(), k.clone()), _per_row_top_k_reference(logits, k), what)
+
 
 def _topk_random(student):
-    logits = _logits(4, 13)
-    for k in (1, 3, 7):
-        expect_tensor(student(logits.clone(), k), top_k_filter(logits, k), name=f"top_k_filter(logits (4, 13), k={k})")
+    logits = _logits(6, 13)
+    k = torch.tensor([1, 3, 7, 2, 12, 5])
+    _per_row_case(student, logits, k, "top_k(logits (6, 13), k=[1, 3, 7, 2, 12, 5])")
 
 
-def _topk_large_k(student):
-    logits = _logits(2, 5, seed=1)
-    for k in (5, 9):
-        expect_tensor(student(logits.clone(), k), logits, name=f"top_k_filter with k={k} >= V=5 (keeps everything)")
+def _topk_no_filter(student):
+    logits = _logits(4, 9, seed=1)
+    k = torch.tensor([0, 2, 9, 15])
+    _per_row_case(student, logits, k, "top_k(logits (4, 9), k=[0, 2, 9, 15]): k=0 and k >= V=9 keep their whole row")
 
 
 def _topk_ties(student):
-    logits = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0], [0.5, 0.5, 0.5, 0.5, 0.5]])
-    expect_tensor(student(logits.clone(), 2), top_k_filter(logits, 2),
-                  name="top_k_filter(k=2) with ties: every logit equal to the 2nd largest is kept")
+    logits = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0], [0.5, 0.5, 0.5, 0.5, 0.5], [4.0, 4.0, 1.0, 1.0, 1.0]])
+    k = torch.tensor([2, 1, 3])
+    _per_row_case(student, logits, k, "top_k with ties, k=[2, 1, 3]: every logit equal to the k-th largest is kept")
 
 
-def _topk_batch_dims(student):
-    logits = _logits(2, 3, 11, seed=2)
-    expect_tensor(student(logits.clone(), 4), top_k_filter(logits, 4), name="top_k_filter on logits of shape (2, 3, 11)")
+def _topk_many_rows(student):
+    logits = _logits(40, 50, seed=2)
+    k = torch.randint(0, 60, (40,), generator=torch.Generator().manual_seed(3))
+    _per_row_case(student, logits, k, "top_k(logits (40, 50), 40 random k in 0..59)")
 
 
 def _topk_no_mutation(student):
     logits = _logits(3, 9, seed=3)
-    after = run_student(input_after_call, student, logits.clone(), 2)
-    expect_true(torch.equal(after, logits), "top_k_filter changed its input in place; return a new tensor")
+    after = run_student(input_after_call, student, logits.clone(), torch.tensor([2, 0, 4]))
+    expect_true(torch.equal(after, logits), "top_k changed its input in place; return a new tensor")
 
 
 register(Exercise(
     id="10.1",
-    title="Top-k filtering",
-    targets=("top_k_filter",),
+    title="Top-k with one k per row",
+    targets=("top_k",),
     forbidden=("companion.generation",),  # the reference itself
     cases=(
-        Case("random logits (B=4, V=13), k = 1, 3, 7", 3, _topk_random),
-        Case("k >= V keeps every token", 1, _topk_large_k),
+        Case("a different k in each row (B=6, V=13)", 3, _topk_random),
+        Case("k = 0 and k >= V keep the whole row", 1, _topk_no_filter),
         Case("ties with the k-th largest are kept", 1, _topk_ties),
-        Case("works on any leading dimensions (..., V)", 1, _topk_batch_dims),
+        Case("40 rows, random k from 0 to 59", 1, _topk_many_rows),
         Case("does not modify its input", 1, _topk_no_mutation),
     ),
 ))
 
 
-# ----------------------------------------------------------------- 10.2 top-p
+# ----------------------------------------------------------------- 10.2 locally typical sampling
+#
+# Meister et al. (TACL 2023): keep the tokens whose surprisal -log p_i is closest to the entropy H, the smallest
+# such set holding mass tau. The chapter's top_p with another order: |-log p_i - H| ascending instead of p_i
+# descending; token (r) of that order is kept when the mass before it is below tau (transformers'
+# TypicalLogitsWarper, tests/test_grading_ch10_redesign.py). The reference below is a plain float64 loop.
 
-def _topp_random(student):
+def typical_reference(logits: torch.Tensor, tau: float, *, keep_crossing: bool = True) -> torch.Tensor:
+    """The typical set of every row of ``logits`` (..., V), the others set to -inf; a loop in float64.
+
+    ``keep_crossing=False`` is a known mistake (the token whose mass crosses tau is dropped), for the hints.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    keep = torch.zeros(flat.shape, dtype=torch.bool)
+    for b, row in enumerate(flat.double()):
+        p = row.softmax(-1).tolist()
+        h = -sum(q * math.log(q) for q in p if q > 0)  # 0 log 0 = 0: a -inf logit adds nothing
+        gap = [abs(-math.log(q) - h) if q > 0 else math.inf for q in p]
+        mass = 0.0
+        for i in sorted(range(len(p)), key=lambda j: gap[j]):
+            if mass >= tau or (not keep_crossing and mass + p[i] >= tau):
+                break
+            keep[b, i] = True
+            mass += p[i]
+    return logits.masked_fill(~keep.reshape(logits.shape), float("-inf"))
+
+
+def _typical_hint(got, logits, tau):
+    """A sentence naming a known mistake when the student's kept set is one of them, else ''."""
+    if not (isinstance(got, torch.Tensor) and got.shape == logits.shape):
+        return ""
+    kept = torch.isfinite(got)
+    if torch.equal(kept, torch.isfinite(top_p_filter(logits, tau))):
+        return (" Your set is top-p's nucleus (tokens ordered by probability; so is an order by -log p_i - H "
+                "without the absolute value). Order them by |-log p_i - H|, smallest first.")
+    if torch.equal(kept, torch.isfinite(typical_reference(logits, tau, keep_crossing=False))):
+        return (" Your set holds less than tau of the probability: keep the token whose mass crosses tau too "
+                "(token (r) is kept when the mass before it is below tau).")
+    return ""
+
+
+def _typical_case(student, logits, tau, what):
+    got = student(logits.clone(), tau)
+    want = typical_reference(logits, tau)
+    try:
+        _expect_filtered(got, want, what)
+    except CheckFailed as err:
+        raise CheckFailed(str(err) + _typical_hint(got, logits, tau)) from None
+
+
+def _typical_random(student):
     logits = _logits(5, 17, seed=4)
-    for p in (0.3, 0.6, 0.9):
-        expect_tensor(student(logits.clone(), p), top_p_filter(logits, p), name=f"top_p_filter(logits (5, 17), p={p})")
+    for tau in (0.2, 0.5, 0.9):
+        _typical_case(student, logits, tau, f"typical(logits (5, 17), tau={tau})")
 
 
-def _topp_small(student):
-    logits = _logits(3, 8, seed=5)
-    expect_tensor(student(logits.clone(), 1e-4), top_p_filter(logits, 1e-4),
-                  name="top_p_filter with p=1e-4 (only the most probable token survives)")
+def _typical_not_the_argmax(student):
+    noise = 0.1 * torch.randn(2, 20, generator=torch.Generator().manual_seed(5))
+    logits = torch.cat([torch.tensor([[2.0], [2.5]]), noise], dim=1)  # one likely token, a flat tail of 20
+    _typical_case(student, logits, 0.5,
+                  "typical(tau=0.5) on one likely token and a flat tail (the likely token is not typical)")
 
 
-def _topp_one(student):
-    logits = _logits(2, 6, seed=6)
-    expect_tensor(student(logits.clone(), 1.0), logits, name="top_p_filter with p=1 (keeps everything)")
+def _typical_filtered(student):
+    logits = _logits(3, 12, seed=6)
+    logits[0, 3:] = float("-inf")  # as after a top-k of 3
+    logits[2, ::2] = float("-inf")
+    try:
+        _typical_case(student, logits, 0.6, "typical(tau=0.6) on logits with -inf entries")
+    except CheckFailed as err:
+        raise CheckFailed(f"{err} A -inf logit has p = 0 and log p = -inf, and PyTorch computes 0 * -inf as NaN: "
+                          "count its term of the entropy as 0 (0 log 0 = 0).") from None
 
 
-def _topp_peaked(student):
-    logits = torch.tensor([[8.0, 1.0, 0.0, -1.0, 0.5, 0.2, -3.0]])
-    expect_tensor(student(logits.clone(), 0.5), top_p_filter(logits, 0.5),
-                  name="top_p_filter(p=0.5) when one token alone holds more than p")
+def _typical_tiny(student):
+    logits = _logits(4, 10, seed=7)
+    _typical_case(student, logits, 1e-4, "typical(tau=1e-4): only the most typical token survives")
 
 
-def _topp_mass(student):
-    logits = _logits(6, 23, seed=7)
-    p = 0.8
-    out = student(logits.clone(), p)
-    if not isinstance(out, torch.Tensor) or out.shape != logits.shape:
-        raise CheckFailed(f"top_p_filter should return a tensor of shape {tuple(logits.shape)}")
-    kept = torch.isfinite(out)
-    mass = (logits.softmax(-1) * kept).sum(-1)
-    expect_true(bool((mass >= p - 1e-6).all()), f"the kept tokens hold only {mass.min():.3f} of the probability, less than p={p}")
-    expect_tensor(out, top_p_filter(logits, p), name="top_p_filter(logits (6, 23), p=0.8)")
+def _typical_batch_dims(student):
+    logits = _logits(2, 3, 11, seed=8)
+    _typical_case(student, logits, 0.7, "typical on logits of shape (2, 3, 11), tau=0.7")
 
 
 register(Exercise(
     id="10.2",
-    title="Top-p (nucleus) filtering",
-    targets=("top_p_filter",),
-    forbidden=("companion.generation",),  # the reference itself
+    title="Locally typical sampling",
+    targets=("typical",),
+    forbidden=("companion.generation", "transformers"),  # the references: companion's filters, transformers' warper
     cases=(
-        Case("random logits (B=5, V=17), p = 0.3, 0.6, 0.9", 3, _topp_random),
-        Case("tiny p keeps only the most probable token", 1, _topp_small),
-        Case("p = 1 keeps every token", 1, _topp_one),
-        Case("one dominant token", 1, _topp_peaked),
-        Case("the nucleus holds at least p of the probability", 1, _topp_mass),
+        Case("random logits (B=5, V=17), tau = 0.2, 0.5, 0.9", 3, _typical_random),
+        Case("the most probable token can fall outside the set", 1, _typical_not_the_argmax),
+        Case("logits already filtered to -inf", 1, _typical_filtered),
+        Case("a tiny tau keeps the most typical token", 1, _typical_tiny),
+        Case("works on any leading dimensions (..., V)", 1, _typical_batch_dims),
     ),
 ))
 
