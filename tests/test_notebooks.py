@@ -12,7 +12,7 @@ from sitebuild import toc_docnames
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = sorted((ROOT / "book").glob("*.ipynb"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
-EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb")) + sorted((ROOT / "exercises" / "zh_CN").glob("*.ipynb"))
 
 
 def load(path):
@@ -114,7 +114,7 @@ def test_a_chapter_has_a_conceptual_diagram_with_alt_text_and_caption(path):
     assert found, f"{path.name}: no conceptual diagram (a figure cell named {prefix}...)"
 
 
-@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: str(p.relative_to(ROOT / "exercises")))
 def test_exercise_notebooks_have_no_outputs_and_no_solutions(path):
     nb = load(path)
     for cell in nb["cells"]:

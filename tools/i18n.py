@@ -138,7 +138,7 @@ def load(po: Path):
 
 # What a translation must carry over unchanged: roles with their targets ({glue:text}`key`,
 # {cite:t}`key`, {numref}`name`, ...), inline code and math.
-ROLE = re.compile(r"\{[a-z:]+\}`[^`]*`")
+ROLE = re.compile(r"(?<!`)\{[a-z:]+\}`[^`]*`")  # not inside a code span: `{stack}` is code
 CODE = re.compile(r"(?<![}`])``?[^`]+``?")
 MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)
 # Words inside math may be translated: $\text{tokens} \times D$ -> $\text{词元数} \times D$ (the rest of the math identical).
