@@ -151,12 +151,23 @@ def _bias_left_padding(student):
     bias = _bias_of(student, valid, torch.float32, "bias for left-padded targets (padding first)")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 8, generator=g) for _ in range(3))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    # what F.scaled_dot_product_attention computes with a float attn_mask, written out (the package's
+    # kernel calls stay in companion/attention.py): softmax(q k^T / sqrt(d) + bias) v
+    def attend(mask_or_bias):
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if mask_or_bias.dtype == torch.bool:
+            scores = scores.masked_fill(~mask_or_bias, float("-inf"))
+        else:
+            scores = scores + mask_or_bias
+        return scores.softmax(dim=-1) @ v
+
+    out = attend(bias)
     expect_true(bool(torch.isfinite(out).all()),
-                "scaled_dot_product_attention with your bias gives NaN in the rows of the left padding (every key "
-                "blocked); finfo.min keeps them finite")
+                "attention with your bias (softmax(q k^T / sqrt(d) + bias) v, as F.scaled_dot_product_attention "
+                "computes it) gives NaN in the rows of the left padding (every key blocked); finfo.min keeps them "
+                "finite")
     real = decoder_self_mask(valid).any(-1, keepdim=True)  # rows with at least one key allowed
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=decoder_self_mask(valid))
+    want = attend(decoder_self_mask(valid))
     expect_tensor(torch.where(real, out, 0.0), torch.where(real, want, 0.0),
                   name="attention output of the rows with a key allowed (vs the boolean mask)")
 
