@@ -13,16 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.grading import get_exercise, run_exercise
 from companion.grading.ch06 import window_sink_mask
 from companion.masks import causal_mask
+from scoring import result
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
 
 
-def chapter_code(notebook, *names):
-    """The named top-level functions and classes of the chapter's visible code cells, executed verbatim."""
-    found = {}
+def visible_trees(notebook):
+    """The parsed source of each code cell the chapter's page shows (not tagged remove-input/remove-cell)."""
     for cell in json.loads((BOOK / notebook).read_text())["cells"]:
         tags = cell.get("metadata", {}).get("tags", [])
         if cell["cell_type"] != "code" or {"remove-input", "remove-cell"} & set(tags):
@@ -31,6 +30,13 @@ def chapter_code(notebook, *names):
             tree = ast.parse("".join(cell["source"]))
         except SyntaxError:  # a cell with IPython magics
             continue
+        yield tree
+
+
+def chapter_code(notebook, *names):
+    """The named top-level functions and classes of the chapter's visible code cells, executed verbatim."""
+    found = {}
+    for tree in visible_trees(notebook):
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
                 found[node.name] = ast.unparse(node)
@@ -44,14 +50,7 @@ def chapter_code(notebook, *names):
 def chapter_lines(notebook, *targets):
     """The first assignment to each named variable in the chapter's visible code cells, as source lines."""
     found = {}
-    for cell in json.loads((BOOK / notebook).read_text())["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if cell["cell_type"] != "code" or {"remove-input", "remove-cell"} & set(tags):
-            continue
-        try:
-            tree = ast.parse("".join(cell["source"]))
-        except SyntaxError:
-            continue
+    for tree in visible_trees(notebook):
         for node in tree.body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 found.setdefault(node.targets[0].id, ast.unparse(node))
@@ -67,8 +66,7 @@ def run_lines(lines, **names):
 
 
 def earned(ex_id, *students):
-    res = run_exercise(get_exercise(ex_id), *students)
-    return res.earned, res.points
+    return result(ex_id, *students)[:2]
 
 
 def test_4_3_the_chapters_encoder_layer():
@@ -230,14 +228,7 @@ def test_the_audited_chapter_code_is_still_shown(notebook, names):
 
 def chapter_method_lines(notebook, cls_name, method, targets):
     """The statements of a method of a chapter's visible class that assign the named variables, as source."""
-    for cell in json.loads((BOOK / notebook).read_text())["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if cell["cell_type"] != "code" or {"remove-input", "remove-cell"} & set(tags):
-            continue
-        try:
-            tree = ast.parse("".join(cell["source"]))
-        except SyntaxError:
-            continue
+    for tree in visible_trees(notebook):
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == cls_name:
                 fn = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == method)

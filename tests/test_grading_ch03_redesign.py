@@ -6,28 +6,10 @@ import math
 import pytest
 import torch
 
-from companion.grading import get_exercise, run_exercise
 from companion.grading.ch03 import _pe_at
 from companion.positional import (RelativePositionBias, relative_position_bucket, relative_positions,
                                   sinusoidal_encoding, sinusoidal_shift_matrix)
-
-
-def result(ex_id, student):
-    res = run_exercise(get_exercise(ex_id), student)
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
-
-
-def full_marks(ex_id, student):
-    got, points, lost = result(ex_id, student)
-    assert got == points, lost
-
-
-def loses(ex_id, student, *words):
-    """The student loses points, and some failed case's message contains every one of ``words``."""
-    got, points, lost = result(ex_id, student)
-    assert got < points, f"{student.__name__} scored full marks on {ex_id}"
-    assert any(all(w in m for w in words) for m in lost.values()), lost
-    return got, lost
+from scoring import full_marks, loses, result
 
 
 # ----------------------------------------------------------------- the chapter's code, verbatim

@@ -9,18 +9,7 @@ import torch
 
 from companion.grading import get_exercise, run_exercise
 from companion.grading.ch05 import _ln_grads_autograd
-
-
-def result(ex_id, student):
-    res = run_exercise(get_exercise(ex_id), student)
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
-
-
-def loses(ex_id, student, *words):
-    got, points, lost = result(ex_id, student)
-    assert got < points, f"{student.__name__} scored full marks on {ex_id}"
-    assert any(all(w in m for w in words) for m in lost.values()), lost
-    return got, lost
+from scoring import loses, remote_result, result, worker_session
 
 
 def layer_norm(x, gain=1.0, bias=0.0, eps=1e-5):  # the chapter's code, verbatim
@@ -156,19 +145,9 @@ def by_autograd(x, gain, grad_out, eps=1e-5):
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    from companion_grader.instructor import Limits, _Session
+    with worker_session(tmp_path_factory.mktemp("work"), REMOTE_STUDENT) as s:
+        yield s
 
-    work = tmp_path_factory.mktemp("work")
-    (work / "submission.ipynb").write_text("{}")
-    s = _Session(work, [(0, REMOTE_STUDENT)], Limits(cell_seconds=60), deadline=time.monotonic() + 120)
-    s.ready()
-    yield s
-    s.stop()
-
-
-def remote_result(session, ex_id, name):
-    res = run_exercise(get_exercise(ex_id), *session.targets((name,)))
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
 
 
 def test_5_1_through_the_worker(session):

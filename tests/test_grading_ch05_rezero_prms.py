@@ -11,18 +11,7 @@ import torch
 from torch import nn
 
 from companion.grading import get_exercise, run_exercise
-
-
-def result(ex_id, student):
-    res = run_exercise(get_exercise(ex_id), student)
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
-
-
-def loses(ex_id, student, *words):
-    got, points, lost = result(ex_id, student)
-    assert got < points, f"{student.__name__} scored full marks on {ex_id}"
-    assert any(all(w in m for w in words) for m in lost.values()), lost
-    return got, lost
+from scoring import loses, remote_result, result, worker_session
 
 
 # ----------------------------------------------------------------- 5.2
@@ -100,6 +89,8 @@ def test_5_2_detached_statistic_loses_the_gradient_case():
 # ----------------------------------------------------------------- 5.3
 
 
+# The reference block and one wrong one, as source: defined here and sent to the instructor's grader's worker below.
+REZERO = '''
 class ReZeroBlock(nn.Module):
     def __init__(self, attn, ffn, d_model):
         super().__init__()
@@ -109,6 +100,13 @@ class ReZeroBlock(nn.Module):
     def forward(self, x, mask=None):
         x = x + self.alpha * self.attn(x, mask)
         return x + self.alpha * self.ffn(x)
+
+
+class Parallel(ReZeroBlock):
+    def forward(self, x, mask=None):
+        return x + self.alpha * self.attn(x, mask) + self.alpha * self.ffn(x)
+'''
+exec(REZERO)  # noqa: S102  (defines ReZeroBlock and Parallel here)
 
 
 class PostLNBlock(nn.Module):  # the chapter's code, verbatim
@@ -144,9 +142,6 @@ class AlphaOne(ReZeroBlock):
         self.alpha = nn.Parameter(torch.ones(1))
 
 
-class Parallel(ReZeroBlock):
-    def forward(self, x, mask=None):
-        return x + self.alpha * self.attn(x, mask) + self.alpha * self.ffn(x)
 
 
 class NoMask(ReZeroBlock):
@@ -211,37 +206,14 @@ class PartialRMSNorm(nn.Module):
     def forward(self, x):
         return self.weight * x / torch.sqrt(x[..., : self.k].pow(2).mean(-1, keepdim=True) + self.eps)
 
-class ReZeroBlock(nn.Module):
-    def __init__(self, attn, ffn, d_model):
-        super().__init__()
-        self.attn, self.ffn = attn, ffn
-        self.alpha = nn.Parameter(torch.zeros(1))
-
-    def forward(self, x, mask=None):
-        x = x + self.alpha * self.attn(x, mask)
-        return x + self.alpha * self.ffn(x)
-
-class Parallel(ReZeroBlock):
-    def forward(self, x, mask=None):
-        return x + self.alpha * self.attn(x, mask) + self.alpha * self.ffn(x)
-'''
+''' + REZERO
 
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    from companion_grader.instructor import Limits, _Session
+    with worker_session(tmp_path_factory.mktemp("work"), REMOTE_STUDENT) as s:
+        yield s
 
-    work = tmp_path_factory.mktemp("work")
-    (work / "submission.ipynb").write_text("{}")
-    s = _Session(work, [(0, REMOTE_STUDENT)], Limits(cell_seconds=60), deadline=time.monotonic() + 120)
-    s.ready()
-    yield s
-    s.stop()
-
-
-def remote_result(session, ex_id, name):
-    res = run_exercise(get_exercise(ex_id), *session.targets((name,)))
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
 
 
 def test_through_the_worker(session):

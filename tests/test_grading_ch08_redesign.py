@@ -10,20 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.grading import get_exercise, run_exercise
 from companion.grading.ch08 import _distil_batch, _distil_reference, _packed_reference
-
-
-def result(ex_id, student):
-    res = run_exercise(get_exercise(ex_id), student)
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
-
-
-def loses(ex_id, student, *words):
-    got, points, lost = result(ex_id, student)
-    assert got < points, f"{student.__name__} scored full marks on {ex_id}"
-    assert any(all(w in m for w in words) for m in lost.values()), lost
-    return got, lost
+from scoring import loses, result
 
 
 # ----------------------------------------------------------------- 8.1

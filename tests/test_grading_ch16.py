@@ -16,6 +16,7 @@ from torch import nn
 
 from companion.grading import get_exercise, run_exercise
 from companion.positional import apply_rope, llama3_rope_frequencies, rope_cos_sin
+from scoring import full_marks, remote_result, result, worker_session
 
 REFERENCE = '''
 import math
@@ -136,16 +137,6 @@ def reference(**replaced):
 
 
 R = reference()
-
-
-def result(ex_id, *students):
-    res = run_exercise(get_exercise(ex_id), *students)
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
-
-
-def full_marks(ex_id, *students):
-    got, points, lost = result(ex_id, *students)
-    assert got == points, lost
 
 
 def loses(ex_id, *students, words):
@@ -578,19 +569,9 @@ def test_each_case_is_fast(ex_id, names):
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    from companion_grader.instructor import Limits, _Session
+    with worker_session(tmp_path_factory.mktemp("work"), REFERENCE + REMOTE_WRONG) as s:
+        yield s
 
-    work = tmp_path_factory.mktemp("work")
-    (work / "submission.ipynb").write_text("{}")
-    s = _Session(work, [(0, REFERENCE + REMOTE_WRONG)], Limits(cell_seconds=60), deadline=time.monotonic() + 120)
-    s.ready()
-    yield s
-    s.stop()
-
-
-def remote_result(session, ex_id, *names):
-    res = run_exercise(get_exercise(ex_id), *session.targets(names))
-    return res.earned, res.points, {c.name: c.message for c in res.cases if not c.passed}
 
 
 @pytest.mark.parametrize("ex_id, names", [("16.1", ("rms_norm",)), ("16.2", ("apply_rotary",)),
